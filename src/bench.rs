@@ -1,0 +1,288 @@
+//! `autocdc bench`: end-to-end apply throughput on the embedded Hadoop
+//! catalog (Parquet in, Parquet data and delete files out, catalog commits
+//! included), and the latency of one small batch into tables of growing size.
+//! Figures are printed, never asserted.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use clap::Args;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use crate::catalog::{Catalog, hadoop::HadoopCatalog};
+use crate::cli::now_ms;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::fault::Faults;
+use crate::flow::{Flow, FlowConfig};
+use crate::input;
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Change events in the main run.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub events: usize,
+    /// Distinct keys they touch.
+    #[arg(long, default_value_t = 200_000)]
+    pub keys: usize,
+    /// Micro-batches (and commits) they arrive in.
+    #[arg(long, default_value_t = 10)]
+    pub batches: usize,
+    #[arg(long, default_value_t = 0.1)]
+    pub delete_fraction: f64,
+    /// Table sizes for the "one 10k batch into a table of N rows" runs; empty to skip.
+    #[arg(long, value_delimiter = ',', default_value = "100000,1000000,10000000")]
+    pub table_sizes: Vec<usize>,
+    #[arg(long, default_value_t = 10_000)]
+    pub small_batch: usize,
+    /// Where to put the input and the warehouse (default: a fresh temp dir, removed after).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+const FLOW: &str = r#"
+name = "bench"
+target = "bench.events"
+keys = ["id"]
+sequence_by = "seq"
+apply_as_deletes = "op = 'DELETE'"
+columns = [
+  { name = "id", type = "long", required = true },
+  { name = "seq", type = "long", required = true },
+  { name = "op", type = "string", required = true },
+  { name = "amount", type = "double" },
+  { name = "note", type = "string" },
+]
+"#;
+
+fn bench_flow(target: &str) -> Result<Flow> {
+    let mut cfg: FlowConfig = toml::from_str(FLOW).map_err(|e| Error::Config(e.to_string()))?;
+    cfg.target = target.to_string();
+    Flow::new(cfg)
+}
+
+/// `n` events over `keys` keys with unique, shuffled sequences.
+fn events(
+    flow: &Flow,
+    rng: &mut StdRng,
+    n: usize,
+    keys: usize,
+    key_base: i64,
+    seq_base: i64,
+    del: f64,
+) -> Result<RecordBatch> {
+    let mut seqs: Vec<i64> = (0..n as i64).map(|s| s + seq_base).collect();
+    seqs.shuffle(rng);
+    let ids: Vec<i64> = (0..n)
+        .map(|_| key_base + rng.random_range(0..keys as i64))
+        .collect();
+    let ops: Vec<&str> = (0..n)
+        .map(|_| {
+            if rng.random::<f64>() < del {
+                "DELETE"
+            } else {
+                "UPSERT"
+            }
+        })
+        .collect();
+    let amount: Vec<f64> = (0..n).map(|_| rng.random_range(0.0..1000.0)).collect();
+    let notes = ["new", "paid", "shipped", "returned"];
+    let note: Vec<&str> = (0..n)
+        .map(|_| notes[rng.random_range(0..notes.len())])
+        .collect();
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(ids)),
+        Arc::new(Int64Array::from(seqs)),
+        Arc::new(StringArray::from(ops)),
+        Arc::new(Float64Array::from(amount)),
+        Arc::new(StringArray::from(note)),
+    ];
+    Ok(RecordBatch::try_new(flow.source_arrow.clone(), cols)?)
+}
+
+fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
+    let f = std::fs::File::create(path)?;
+    let mut w = parquet::arrow::ArrowWriter::try_new(f, batch.schema(), None)?;
+    w.write(batch)?;
+    w.close()?;
+    Ok(())
+}
+
+/// Peak resident set size of this process, from /proc (Linux).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn dir_bytes(p: &Path) -> u64 {
+    let mut total = 0;
+    if let Ok(rd) = std::fs::read_dir(p) {
+        for e in rd.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            total += if m.is_dir() {
+                dir_bytes(&e.path())
+            } else {
+                m.len()
+            };
+        }
+    }
+    total
+}
+
+pub async fn run(args: BenchArgs) -> Result<()> {
+    if args.batches == 0 || args.keys == 0 || args.events == 0 {
+        return Err(Error::Config(
+            "--events, --keys and --batches must be at least 1".into(),
+        ));
+    }
+    let tmp;
+    let dir = match &args.dir {
+        Some(d) => d.clone(),
+        None => {
+            tmp = tempfile_dir()?;
+            tmp.clone()
+        }
+    };
+    let input_dir = dir.join("input");
+    std::fs::create_dir_all(&input_dir)?;
+    let warehouse = dir.join("warehouse");
+    let flow = bench_flow("bench.events")?;
+    let mut rng = StdRng::seed_from_u64(args.seed);
+
+    println!(
+        "autocdc bench: {} events over {} keys, {:.0}% deletes, {} micro-batches, from Parquet",
+        args.events,
+        args.keys,
+        args.delete_fraction * 100.0,
+        args.batches
+    );
+    let all = events(
+        &flow,
+        &mut rng,
+        args.events,
+        args.keys,
+        0,
+        0,
+        args.delete_fraction,
+    )?;
+    let per = args.events.div_ceil(args.batches);
+    let mut files = Vec::new();
+    for (i, start) in (0..args.events).step_by(per).enumerate() {
+        let p = input_dir.join(format!("part-{i:05}.parquet"));
+        write_parquet(&p, &all.slice(start, per.min(args.events - start)))?;
+        files.push(p);
+    }
+    drop(all);
+
+    let catalog: Arc<dyn Catalog> = Arc::new(HadoopCatalog::new(
+        warehouse
+            .to_str()
+            .ok_or_else(|| Error::Config("non-UTF-8 dir".into()))?,
+        Arc::new(Faults::default()),
+    )?);
+    let mut engine =
+        Engine::open(flow.clone(), catalog.clone(), Arc::new(Faults::default())).await?;
+    let mut latencies = Vec::new();
+    let (mut data_files, mut delete_files, mut bytes) = (0, 0, 0);
+    let started = Instant::now();
+    for f in &files {
+        let t = Instant::now();
+        let b = input::read_file(&flow, f)?;
+        let r = engine.apply(&b, now_ms()).await?;
+        latencies.push(t.elapsed().as_secs_f64());
+        data_files += r.data_files;
+        delete_files += r.delete_files;
+        bytes += r.bytes_written;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    latencies.sort_by(f64::total_cmp);
+    let s = engine.summary();
+    println!(
+        "end to end: {:.2} s, {:.0} events/s",
+        secs,
+        args.events as f64 / secs
+    );
+    println!(
+        "per-batch latency: p50 {:.0} ms, max {:.0} ms ({} events per batch)",
+        latencies[latencies.len() / 2] * 1e3,
+        latencies[latencies.len() - 1] * 1e3,
+        per
+    );
+    println!(
+        "written: {} data files, {} delete files, {:.1} MiB (warehouse on disk incl. metadata and state: {:.1} MiB)",
+        data_files,
+        delete_files,
+        bytes as f64 / 1048576.0,
+        dir_bytes(&warehouse) as f64 / 1048576.0
+    );
+    println!(
+        "state: {} keys ({} live, {} tombstones), {:.1} bytes/key in memory",
+        s.keys, s.live, s.tombstones, s.bytes_per_key
+    );
+    drop(engine);
+
+    for &size in &args.table_sizes {
+        let target = format!("bench.t{size}");
+        let flow = bench_flow(&target)?;
+        let mut engine =
+            Engine::open(flow.clone(), catalog.clone(), Arc::new(Faults::default())).await?;
+        // Load `size` distinct keys, 1M rows per commit.
+        let chunk = 1_000_000usize;
+        let t = Instant::now();
+        let mut loaded = 0;
+        while loaded < size {
+            let n = chunk.min(size - loaded);
+            let ids: Vec<i64> = (loaded as i64..(loaded + n) as i64).collect();
+            let b = RecordBatch::try_new(
+                flow.source_arrow.clone(),
+                vec![
+                    Arc::new(Int64Array::from(ids)) as ArrayRef,
+                    Arc::new(Int64Array::from(vec![0i64; n])),
+                    Arc::new(StringArray::from(vec!["UPSERT"; n])),
+                    Arc::new(Float64Array::from(vec![1.0; n])),
+                    Arc::new(StringArray::from(vec!["new"; n])),
+                ],
+            )?;
+            engine.apply(&b, now_ms()).await?;
+            loaded += n;
+        }
+        let load_secs = t.elapsed().as_secs_f64();
+        let small = events(
+            &flow,
+            &mut rng,
+            args.small_batch,
+            size,
+            0,
+            1,
+            args.delete_fraction,
+        )?;
+        let t = Instant::now();
+        let r = engine.apply(&small, now_ms()).await?;
+        let apply_ms = t.elapsed().as_secs_f64() * 1e3;
+        println!(
+            "one {}-event batch into a table of {} rows: {:.0} ms (upserts {}, deletes {}; loading the table took {:.1} s)",
+            args.small_batch, size, apply_ms, r.stats.upserts, r.stats.deletes, load_secs
+        );
+    }
+    if let Some(rss) = peak_rss_bytes() {
+        println!("peak RSS: {:.0} MiB", rss as f64 / 1048576.0);
+    }
+    if args.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(())
+}
+
+fn tempfile_dir() -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("autocdc-bench-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}

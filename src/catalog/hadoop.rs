@@ -1,0 +1,232 @@
+//! Iceberg Java's HadoopCatalog layout on any object store:
+//! `<warehouse>/<ns...>/<table>/metadata/v<N>.metadata.json` plus
+//! `version-hint.text`. The commit point is the create-if-absent of
+//! `v<N+1>.metadata.json`; the hint is only a hint (readers probe forward
+//! from it, as Java's HadoopTableOperations does).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use iceberg::io::FileIO;
+use iceberg::spec::{
+    FormatVersion, Schema, SortOrder, TableMetadata, TableMetadataBuilder, UnboundPartitionSpec,
+};
+use iceberg::{TableIdent, TableRequirement, TableUpdate};
+
+use super::{Catalog, TableState};
+use crate::error::{Error, Result};
+use crate::fault::{FaultPoint, Faults};
+use crate::storage::Storage;
+
+#[derive(Debug)]
+pub struct HadoopCatalog {
+    storage: Storage,
+    root: String,
+    file_io: FileIO,
+    faults: Arc<Faults>,
+}
+
+const HINT: &str = "version-hint.text";
+
+impl HadoopCatalog {
+    pub fn new(warehouse: &str, faults: Arc<Faults>) -> Result<Self> {
+        let (storage, root) = Storage::for_warehouse(warehouse)?;
+        Ok(HadoopCatalog {
+            storage,
+            root,
+            file_io: FileIO::new_with_fs(),
+            faults,
+        })
+    }
+
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    pub fn table_location(&self, ident: &TableIdent) -> String {
+        let mut loc = self.root.clone();
+        for part in ident.namespace().as_ref() {
+            loc.push('/');
+            loc.push_str(part);
+        }
+        loc.push('/');
+        loc.push_str(ident.name());
+        loc
+    }
+
+    fn metadata_file(location: &str, version: i64) -> String {
+        format!("{location}/metadata/v{version}.metadata.json")
+    }
+
+    /// The current version number, or None when the table does not exist.
+    async fn current_version(&self, location: &str) -> Result<Option<i64>> {
+        let hint = self
+            .storage
+            .get(&format!("{location}/metadata/{HINT}"))
+            .await?
+            .and_then(|b| {
+                std::str::from_utf8(&b)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<i64>().ok())
+            });
+        let mut v = match hint {
+            Some(v)
+                if self
+                    .storage
+                    .exists(&Self::metadata_file(location, v))
+                    .await? =>
+            {
+                v
+            }
+            _ => {
+                // No (usable) hint: the highest vN.metadata.json present.
+                let names = self.storage.list(&format!("{location}/metadata")).await?;
+                match names
+                    .iter()
+                    .filter_map(|n| {
+                        n.strip_prefix('v')?
+                            .strip_suffix(".metadata.json")?
+                            .parse::<i64>()
+                            .ok()
+                    })
+                    .max()
+                {
+                    Some(v) => v,
+                    None => return Ok(None),
+                }
+            }
+        };
+        while self
+            .storage
+            .exists(&Self::metadata_file(location, v + 1))
+            .await?
+        {
+            v += 1;
+        }
+        Ok(Some(v))
+    }
+
+    fn version_of(metadata_location: &str) -> Result<i64> {
+        metadata_location
+            .rsplit('/')
+            .next()
+            .and_then(|n| {
+                n.strip_prefix('v')?
+                    .strip_suffix(".metadata.json")?
+                    .parse()
+                    .ok()
+            })
+            .ok_or_else(|| Error::State {
+                code: "AUTOCDC_INVALID_STATE.METADATA_LOCATION",
+                message: format!(
+                    "`{metadata_location}` is not a Hadoop catalog metadata file (vN.metadata.json)"
+                ),
+            })
+    }
+
+    async fn write_version(
+        &self,
+        ident: &TableIdent,
+        metadata: TableMetadata,
+        version: i64,
+    ) -> Result<TableState> {
+        let location = metadata.location().to_string();
+        let file = Self::metadata_file(&location, version);
+        let json = serde_json::to_vec(&metadata)?;
+        if !self.storage.put_if_absent(&file, Bytes::from(json)).await? {
+            return Err(Error::CommitConflict(format!(
+                "table {ident}: {file} already exists; another writer committed first"
+            )));
+        }
+        let is_state = ident.name().ends_with("__autocdc_state");
+        self.faults.hit(if is_state {
+            FaultPoint::AfterStateMetadata
+        } else {
+            FaultPoint::AfterTargetMetadata
+        })?;
+        self.storage
+            .put(
+                &format!("{location}/metadata/{HINT}"),
+                Bytes::from(version.to_string()),
+            )
+            .await?;
+        Ok(TableState {
+            ident: ident.clone(),
+            metadata: Arc::new(metadata),
+            metadata_location: file,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Catalog for HadoopCatalog {
+    fn file_io(&self) -> &FileIO {
+        &self.file_io
+    }
+
+    async fn load_table(&self, ident: &TableIdent) -> Result<Option<TableState>> {
+        let location = self.table_location(ident);
+        let Some(v) = self.current_version(&location).await? else {
+            return Ok(None);
+        };
+        let file = Self::metadata_file(&location, v);
+        let bytes = self.storage.get(&file).await?.ok_or_else(|| Error::State {
+            code: "AUTOCDC_INVALID_STATE.METADATA_MISSING",
+            message: format!("{file} vanished while loading table {ident}"),
+        })?;
+        let metadata: TableMetadata = serde_json::from_slice(&bytes)?;
+        Ok(Some(TableState {
+            ident: ident.clone(),
+            metadata: Arc::new(metadata),
+            metadata_location: file,
+        }))
+    }
+
+    async fn create_table(
+        &self,
+        ident: &TableIdent,
+        schema: Schema,
+        properties: HashMap<String, String>,
+    ) -> Result<TableState> {
+        let location = self.table_location(ident);
+        let metadata = TableMetadataBuilder::new(
+            schema,
+            UnboundPartitionSpec::builder().build(),
+            SortOrder::unsorted_order(),
+            location,
+            FormatVersion::V2,
+            properties,
+        )?
+        .build()?
+        .metadata;
+        self.write_version(ident, metadata, 1).await
+    }
+
+    async fn commit(
+        &self,
+        base: &TableState,
+        updates: Vec<TableUpdate>,
+        requirements: Vec<TableRequirement>,
+    ) -> Result<TableState> {
+        for r in &requirements {
+            r.check(Some(&base.metadata))
+                .map_err(|e| Error::CommitConflict(format!("table {}: {e}", base.ident)))?;
+        }
+        let version = Self::version_of(&base.metadata_location)?;
+        let mut builder = TableMetadataBuilder::new_from_metadata(
+            (*base.metadata).clone(),
+            Some(base.metadata_location.clone()),
+        );
+        for u in updates {
+            builder = u.apply(builder)?;
+        }
+        let metadata = builder.build()?.metadata;
+        self.write_version(&base.ident, metadata, version + 1).await
+    }
+
+    async fn drop_table(&self, ident: &TableIdent) -> Result<bool> {
+        let location = self.table_location(ident);
+        Ok(self.storage.delete_prefix(&location).await? > 0)
+    }
+}

@@ -1,0 +1,84 @@
+//! Catalogs: where a table's current metadata lives and how a new version is
+//! committed atomically. autocdc produces its own snapshots (iceberg-rust 0.10
+//! has no row-delta commit), so each catalog takes our `TableUpdate`s and
+//! `TableRequirement`s and commits them its own way.
+//!
+//! API boundary: the engine sees only `Catalog` and `TableState`.
+
+pub mod hadoop;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use iceberg::io::FileIO;
+use iceberg::spec::{Schema, TableMetadataRef};
+use iceberg::table::Table;
+use iceberg::{TableIdent, TableRequirement, TableUpdate};
+
+use crate::error::Result;
+use crate::flow::CatalogConfig;
+
+/// One loaded version of a table.
+#[derive(Debug, Clone)]
+pub struct TableState {
+    pub ident: TableIdent,
+    pub metadata: TableMetadataRef,
+    pub metadata_location: String,
+}
+
+impl TableState {
+    /// An `iceberg::table::Table` over this version, for scans and manifest reads.
+    pub fn table(&self, file_io: &FileIO) -> Result<Table> {
+        Ok(Table::builder()
+            .identifier(self.ident.clone())
+            .metadata(self.metadata.clone())
+            .metadata_location(self.metadata_location.clone())
+            .file_io(file_io.clone())
+            .runtime(iceberg::Runtime::try_current()?)
+            .readonly(true)
+            .build()?)
+    }
+
+    pub fn location(&self) -> &str {
+        self.metadata.location()
+    }
+}
+
+#[async_trait::async_trait]
+pub trait Catalog: Send + Sync + std::fmt::Debug {
+    /// The FileIO for data, delete, manifest and metadata files.
+    fn file_io(&self) -> &FileIO;
+
+    /// The table's current version, or `None` when it does not exist.
+    async fn load_table(&self, ident: &TableIdent) -> Result<Option<TableState>>;
+
+    /// Creates an empty format-v2 table; fails if it exists.
+    async fn create_table(
+        &self,
+        ident: &TableIdent,
+        schema: Schema,
+        properties: HashMap<String, String>,
+    ) -> Result<TableState>;
+
+    /// Atomically moves the table from `base` to `base + updates`, provided
+    /// the requirements hold and nobody committed since `base`; otherwise
+    /// `Error::CommitConflict` and nothing changes.
+    async fn commit(
+        &self,
+        base: &TableState,
+        updates: Vec<TableUpdate>,
+        requirements: Vec<TableRequirement>,
+    ) -> Result<TableState>;
+
+    /// Removes the table and its files. Returns false when it did not exist.
+    async fn drop_table(&self, ident: &TableIdent) -> Result<bool>;
+}
+
+/// Opens the catalog a configuration names.
+pub fn open(config: &CatalogConfig, faults: Arc<crate::fault::Faults>) -> Result<Arc<dyn Catalog>> {
+    match config {
+        CatalogConfig::Hadoop { warehouse } => {
+            Ok(Arc::new(hadoop::HadoopCatalog::new(warehouse, faults)?))
+        }
+    }
+}

@@ -1,0 +1,540 @@
+//! The I/O shell around the resolver for one flow: opens (or creates) the
+//! target and its state table, recovers the state, and turns each resolved
+//! micro-batch into one committed snapshot.
+//!
+//! Commit protocol (exactly-once): write the target's data and delete files;
+//! write the state delta; commit the state table (snapshot S); commit the
+//! target with `autocdc.state-snapshot-id = S` in its summary. On open, the
+//! state is loaded as of the S named by the target's latest autocdc snapshot,
+//! so a state commit left behind by a crash before the target commit is
+//! ignored. Re-applying input is harmless: already-applied changes resolve
+//! as duplicates or stale.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow_select::take::take;
+use futures::TryStreamExt;
+use iceberg::arrow::schema_to_arrow_schema;
+use iceberg::spec::TableMetadata;
+use serde::Serialize;
+
+use crate::catalog::{Catalog, TableState};
+use crate::error::{Error, Result, codes};
+use crate::fault::{FaultPoint, Faults};
+use crate::flow::Flow;
+use crate::resolve::{self, BatchStats, Codec};
+use crate::snapshot::{self, RowDelta};
+use crate::state::{KeyIndex, Loc};
+use crate::state_table;
+use crate::write::{self, FileNamer};
+
+pub const PROP_FLOW: &str = "autocdc.flow";
+pub const PROP_STATE_SNAPSHOT: &str = "autocdc.state-snapshot-id";
+pub const PROP_INPUT_OFFSET: &str = "autocdc.input-offset";
+pub const PROP_GENERATION: &str = "autocdc.generation";
+/// "false" once the target held rows autocdc did not write (their positions are unknown).
+pub const PROP_STATE_COMPLETE: &str = "autocdc.state-complete";
+
+/// The state log is rewritten whole once it holds this many times more rows than keys.
+const STATE_COMPACTION_RATIO: u64 = 3;
+const STATE_COMPACTION_MIN_ROWS: u64 = 100_000;
+
+/// What one `apply` did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CommitReport {
+    pub stats: BatchStats,
+    /// The target snapshot committed, or None when the batch changed nothing.
+    pub snapshot_id: Option<i64>,
+    pub data_files: usize,
+    pub delete_files: usize,
+    pub rows_written: u64,
+    pub bytes_written: u64,
+    pub input_offset: i64,
+    pub tombstones_collected: usize,
+    pub state_compacted: bool,
+}
+
+/// The key state as a user sees it (`autocdc state`).
+#[derive(Debug, Clone, Serialize)]
+pub struct StateSummary {
+    pub keys: usize,
+    pub live: usize,
+    pub tombstones: usize,
+    pub bytes: usize,
+    pub bytes_per_key: f64,
+    pub state_snapshot_id: Option<i64>,
+    pub generation: i64,
+    pub input_offset: i64,
+    pub complete: bool,
+}
+
+pub struct Engine {
+    pub flow: Flow,
+    codec: Codec,
+    catalog: Arc<dyn Catalog>,
+    faults: Arc<Faults>,
+    target: TableState,
+    state_tbl: TableState,
+    state_snapshot: Option<i64>,
+    state: KeyIndex,
+    /// Every live row of the target is in the state (so no equality deletes are needed).
+    state_complete: bool,
+    generation: i64,
+    input_offset: i64,
+    state_log_rows: u64,
+    /// Set while a commit is under way; an engine whose commit failed must be reopened.
+    poisoned: bool,
+}
+
+fn target_properties(flow: &Flow) -> HashMap<String, String> {
+    HashMap::from([
+        ("write.delete.mode".to_string(), "merge-on-read".to_string()),
+        ("write.update.mode".to_string(), "merge-on-read".to_string()),
+        ("write.merge.mode".to_string(), "merge-on-read".to_string()),
+        ("write.format.default".to_string(), "parquet".to_string()),
+        (PROP_FLOW.to_string(), flow.name.clone()),
+    ])
+}
+
+/// The latest snapshot of the target written by this flow, walking back from
+/// the current one; and whether any snapshot after it came from elsewhere.
+fn our_latest(meta: &TableMetadata, flow: &str) -> (Option<HashMap<String, String>>, bool) {
+    let mut cur = meta.current_snapshot().cloned();
+    let mut foreign = false;
+    while let Some(s) = cur {
+        let props = &s.summary().additional_properties;
+        if props.get(PROP_FLOW).map(String::as_str) == Some(flow) {
+            return (Some(props.clone()), foreign);
+        }
+        foreign = true;
+        cur = s
+            .parent_snapshot_id()
+            .and_then(|p| meta.snapshot_by_id(p).cloned());
+    }
+    (None, foreign)
+}
+
+fn check_schema(flow: &Flow, meta: &TableMetadata) -> Result<()> {
+    let table = meta.current_schema();
+    let mut keys: Vec<String> = table
+        .identifier_field_ids()
+        .filter_map(|id| table.field_by_id(id).map(|f| f.name.clone()))
+        .collect();
+    keys.sort();
+    let mut want: Vec<String> = flow.config.keys.clone();
+    want.sort();
+    if keys != want {
+        return Err(Error::State {
+            code: codes::KEY_SCHEMA_DRIFT,
+            message: format!(
+                "flow `{}`: the keys are [{}] but the existing target {} is keyed on [{}]; to rebuild the target and its state with the new keys run `autocdc refresh --full {}`",
+                flow.name,
+                want.join(", "),
+                flow.target,
+                keys.join(", "),
+                flow.name
+            ),
+        });
+    }
+    for f in flow.target_schema.as_struct().fields() {
+        match table.field_by_name(&f.name) {
+            Some(t) if t.field_type == f.field_type => {}
+            other => {
+                return Err(Error::State {
+                    code: "AUTOCDC_INVALID_STATE.SCHEMA_DRIFT",
+                    message: format!(
+                        "flow `{}`: column `{}` is {} in the flow but {} in the existing target {}; change the flow back or run `autocdc refresh --full {}`",
+                        flow.name,
+                        f.name,
+                        f.field_type,
+                        other
+                            .map(|t| t.field_type.to_string())
+                            .unwrap_or_else(|| "missing".into()),
+                        flow.target,
+                        flow.name
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Engine {
+    /// Opens the flow: creates the target and the state table when missing,
+    /// then recovers the state as of the target's latest autocdc commit.
+    pub async fn open(
+        flow: Flow,
+        catalog: Arc<dyn Catalog>,
+        faults: Arc<Faults>,
+    ) -> Result<Engine> {
+        let codec = Codec::new(&flow)?;
+        let target = match catalog.load_table(&flow.target).await? {
+            Some(t) => {
+                check_schema(&flow, &t.metadata)?;
+                t
+            }
+            None => {
+                catalog
+                    .create_table(
+                        &flow.target,
+                        flow.target_schema.clone(),
+                        target_properties(&flow),
+                    )
+                    .await?
+            }
+        };
+        let state_ident = flow.state_ident();
+        let state_tbl = match catalog.load_table(&state_ident).await? {
+            Some(t) => t,
+            None => {
+                let props = HashMap::from([(PROP_FLOW.to_string(), flow.name.clone())]);
+                catalog
+                    .create_table(&state_ident, state_table::schema(&flow)?, props)
+                    .await?
+            }
+        };
+        let (marker, foreign) = our_latest(&target.metadata, &flow.name);
+        let num =
+            |m: &HashMap<String, String>, k: &str| m.get(k).and_then(|v| v.parse::<i64>().ok());
+        let state_snapshot = marker.as_ref().and_then(|m| num(m, PROP_STATE_SNAPSHOT));
+        let generation = marker
+            .as_ref()
+            .and_then(|m| num(m, PROP_GENERATION))
+            .unwrap_or(0);
+        let input_offset = marker
+            .as_ref()
+            .and_then(|m| num(m, PROP_INPUT_OFFSET))
+            .unwrap_or(0);
+        let mut state = KeyIndex::new();
+        let mut state_log_rows = 0;
+        if let Some(sid) = state_snapshot {
+            if state_tbl.metadata.snapshot_by_id(sid).is_none() {
+                return Err(Error::State {
+                    code: "AUTOCDC_INVALID_STATE.STATE_SNAPSHOT_MISSING",
+                    message: format!(
+                        "flow `{}`: the target names state snapshot {sid}, which {} does not have; the state table was removed or expired. Run `autocdc refresh --full {}`",
+                        flow.name, state_ident, flow.name
+                    ),
+                });
+            }
+            let t = state_tbl.table(catalog.file_io())?;
+            let batches: Vec<RecordBatch> = t
+                .scan()
+                .snapshot_id(sid)
+                .select_all()
+                .build()?
+                .to_arrow()
+                .await?
+                .try_collect()
+                .await?;
+            state_log_rows = state_table::load(&flow, &codec, &mut state, &batches)? as u64;
+        }
+        Ok(Engine {
+            codec,
+            catalog,
+            faults,
+            state_complete: !foreign
+                && marker
+                    .as_ref()
+                    .and_then(|m| m.get(PROP_STATE_COMPLETE))
+                    .is_none_or(|v| v != "false"),
+            target,
+            state_tbl,
+            state_snapshot,
+            state,
+            generation,
+            input_offset,
+            state_log_rows,
+            poisoned: false,
+            flow,
+        })
+    }
+
+    pub fn state(&self) -> &KeyIndex {
+        &self.state
+    }
+
+    pub fn target(&self) -> &TableState {
+        &self.target
+    }
+
+    pub fn summary(&self) -> StateSummary {
+        StateSummary {
+            keys: self.state.len(),
+            live: self.state.live(),
+            tombstones: self.state.tombstones(),
+            bytes: self.state.heap_bytes(),
+            bytes_per_key: self.state.bytes_per_key(),
+            state_snapshot_id: self.state_snapshot,
+            generation: self.generation,
+            input_offset: self.input_offset,
+            complete: self.state_complete,
+        }
+    }
+
+    /// Resolves, writes and commits one micro-batch (columns in the flow's
+    /// source order). A rejected batch changes nothing. After any other
+    /// error the engine must be reopened (its memory may be ahead of the catalog).
+    pub async fn apply(&mut self, batch: &RecordBatch, now_ms: i64) -> Result<CommitReport> {
+        if self.poisoned {
+            return Err(Error::State {
+                code: "AUTOCDC_INVALID_STATE.REOPEN",
+                message: format!(
+                    "flow `{}`: a previous commit failed; reopen the flow",
+                    self.flow.name
+                ),
+            });
+        }
+        let res = resolve::resolve(
+            &self.flow,
+            &self.codec,
+            batch,
+            &self.state,
+            self.state_complete,
+        )?;
+        let mut report = CommitReport {
+            stats: res.stats,
+            input_offset: self.input_offset,
+            ..Default::default()
+        };
+        if res.changes.is_empty() {
+            return Ok(report);
+        }
+        self.poisoned = true;
+        let file_io = self.catalog.file_io().clone();
+        let meta = self.target.metadata.clone();
+        let schema = meta.current_schema().clone();
+        let spec_id = meta.default_partition_spec_id();
+        let mut namer = FileNamer::new(meta.location());
+
+        // 1. Target files: new rows, then deletes of the rows they replace.
+        let rows = self.project(batch, &res.inserts)?;
+        let data = write::data_files(
+            &file_io,
+            &mut namer,
+            schema.clone(),
+            spec_id,
+            &rows,
+            self.flow.target_file_size_bytes,
+        )
+        .await?;
+        let mut locs: Vec<Loc> = Vec::with_capacity(res.inserts.len());
+        for f in &data {
+            let id = self.state.files.intern(f.file_path());
+            let n = u32::try_from(f.record_count()).map_err(|_| Error::State {
+                code: "AUTOCDC_WRITE.FILE_TOO_LARGE",
+                message: format!("{} has more than 2^32 rows", f.file_path()),
+            })?;
+            locs.extend((0..n).map(|pos| Loc { file: id, pos }));
+        }
+        debug_assert_eq!(
+            locs.len(),
+            res.inserts.len(),
+            "every inserted row has a position"
+        );
+        let mut deletes = Vec::new();
+        let pos: Vec<(&str, u32)> = res
+            .remove_positions
+            .iter()
+            .map(|l| (self.state.files.path(l.file), l.pos))
+            .collect();
+        deletes.extend(write::position_delete_file(&file_io, &mut namer, spec_id, pos).await?);
+        let key_names: Vec<&str> = self
+            .flow
+            .key_idx
+            .iter()
+            .map(|&i| self.flow.column_name(i))
+            .collect();
+        let key_cols: Vec<ArrayRef> = self
+            .flow
+            .key_idx
+            .iter()
+            .map(|&i| batch.column(i).clone())
+            .collect();
+        deletes.extend(
+            write::equality_delete_file(
+                &file_io,
+                &mut namer,
+                &schema,
+                spec_id,
+                &key_names,
+                &key_cols,
+                &res.remove_keys,
+            )
+            .await?,
+        );
+        self.faults.hit(FaultPoint::AfterTargetFiles)?;
+
+        // 2. The new state, and its delta in the state table.
+        resolve::apply(&mut self.state, &res, &locs, now_ms);
+        let cutoff = now_ms.saturating_sub(self.flow.tombstone_gc.as_millis() as i64);
+        report.tombstones_collected = self.state.gc_tombstones(cutoff);
+        let generation = self.generation + 1;
+        let compact = self.state_log_rows + self.state.dirty_len() as u64
+            > (STATE_COMPACTION_RATIO * self.state.len() as u64).max(STATE_COMPACTION_MIN_ROWS);
+        let delta = if compact {
+            state_table::to_batch(
+                &self.flow,
+                &self.codec,
+                &self.state,
+                self.state.iter(),
+                generation,
+            )?
+        } else {
+            state_table::to_batch(
+                &self.flow,
+                &self.codec,
+                &self.state,
+                self.state.dirty(),
+                generation,
+            )?
+        };
+        let smeta = self.state_tbl.metadata.clone();
+        let delta = RecordBatch::try_new(
+            Arc::new(schema_to_arrow_schema(smeta.current_schema())?),
+            delta.columns().to_vec(),
+        )?;
+        let mut snamer = FileNamer::new(smeta.location());
+        let sfile = write::single_data_file(
+            &file_io,
+            &mut snamer,
+            smeta.current_schema().clone(),
+            smeta.default_partition_spec_id(),
+            &delta,
+        )
+        .await?;
+        self.faults.hit(FaultPoint::AfterStateFile)?;
+        let produced = snapshot::produce(
+            &file_io,
+            &self.state_tbl,
+            RowDelta {
+                data: sfile.into_iter().collect(),
+                deletes: Vec::new(),
+                base_snapshot: self.state_snapshot,
+                replace: compact,
+                properties: HashMap::from([
+                    (PROP_FLOW.to_string(), self.flow.name.clone()),
+                    (PROP_GENERATION.to_string(), generation.to_string()),
+                ]),
+                now_ms,
+            },
+        )
+        .await?;
+        let state_snapshot = produced.snapshot_id;
+        let state_tbl = self
+            .catalog
+            .commit(&self.state_tbl, produced.updates, produced.requirements)
+            .await?;
+        self.faults.hit(FaultPoint::AfterStateCommit)?;
+
+        // 3. The target, naming the state snapshot it goes with.
+        let input_offset = self.input_offset + 1;
+        report.data_files = data.len();
+        report.delete_files = deletes.len();
+        report.rows_written = rows.num_rows() as u64;
+        report.bytes_written = data
+            .iter()
+            .chain(&deletes)
+            .map(|f| f.file_size_in_bytes())
+            .sum();
+        let produced = snapshot::produce(
+            &file_io,
+            &self.target,
+            RowDelta {
+                data,
+                deletes,
+                base_snapshot: meta.current_snapshot_id(),
+                replace: false,
+                properties: HashMap::from([
+                    (PROP_FLOW.to_string(), self.flow.name.clone()),
+                    (PROP_STATE_SNAPSHOT.to_string(), state_snapshot.to_string()),
+                    (PROP_INPUT_OFFSET.to_string(), input_offset.to_string()),
+                    (PROP_GENERATION.to_string(), generation.to_string()),
+                    (
+                        PROP_STATE_COMPLETE.to_string(),
+                        self.state_complete.to_string(),
+                    ),
+                ]),
+                now_ms,
+            },
+        )
+        .await?;
+        let target_snapshot = produced.snapshot_id;
+        let target = self
+            .catalog
+            .commit(&self.target, produced.updates, produced.requirements)
+            .await?;
+        self.faults.hit(FaultPoint::AfterTargetCommit)?;
+
+        self.state_log_rows = if compact {
+            delta.num_rows() as u64
+        } else {
+            self.state_log_rows + delta.num_rows() as u64
+        };
+        self.state.clear_dirty();
+        self.state_tbl = state_tbl;
+        self.target = target;
+        self.state_snapshot = Some(state_snapshot);
+        self.generation = generation;
+        self.input_offset = input_offset;
+        self.poisoned = false;
+        report.snapshot_id = Some(target_snapshot);
+        report.input_offset = input_offset;
+        report.state_compacted = compact;
+        Ok(report)
+    }
+
+    /// The rows `rows` of `batch`, in the target table's Arrow schema.
+    fn project(&self, batch: &RecordBatch, rows: &[u32]) -> Result<RecordBatch> {
+        let arrow = Arc::new(schema_to_arrow_schema(
+            self.target.metadata.current_schema(),
+        )?);
+        let idx = UInt32Array::from(rows.to_vec());
+        let cols = arrow
+            .fields()
+            .iter()
+            .map(|f| {
+                let src = self
+                    .flow
+                    .target_cols
+                    .iter()
+                    .copied()
+                    .find(|&c| self.flow.column_name(c) == f.name())
+                    .ok_or_else(|| Error::State {
+                        code: "AUTOCDC_INVALID_STATE.SCHEMA_DRIFT",
+                        message: format!(
+                            "target column `{}` is not produced by flow `{}`",
+                            f.name(),
+                            self.flow.name
+                        ),
+                    })?;
+                let a = take(batch.column(src).as_ref(), &idx, None)?;
+                Ok(arrow_cast::cast(&a, f.data_type())?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RecordBatch::try_new(arrow, cols)?)
+    }
+
+    /// All rows of the target's current snapshot, through a real Iceberg scan.
+    pub async fn scan_target(&self) -> Result<Vec<RecordBatch>> {
+        scan(self.catalog.as_ref(), &self.target).await
+    }
+}
+
+/// Reads the current snapshot of a table (deletes applied).
+pub async fn scan(catalog: &dyn Catalog, table: &TableState) -> Result<Vec<RecordBatch>> {
+    if table.metadata.current_snapshot().is_none() {
+        return Ok(Vec::new());
+    }
+    let t = table.table(catalog.file_io())?;
+    Ok(t.scan()
+        .select_all()
+        .build()?
+        .to_arrow()
+        .await?
+        .try_collect()
+        .await?)
+}

@@ -1,0 +1,69 @@
+//! Fault injection for crash tests: a named point in the commit protocol
+//! where a test can make the process "crash" (return an error and stop).
+
+use std::sync::Mutex;
+
+use crate::error::{Error, Result};
+
+/// The steps of one commit, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FaultPoint {
+    /// Data and delete files of the target are written.
+    AfterTargetFiles,
+    /// The state delta file is written.
+    AfterStateFile,
+    /// The state table's new metadata file exists (its commit point) but its
+    /// version hint is not updated.
+    AfterStateMetadata,
+    /// The state table is committed; the target is not.
+    AfterStateCommit,
+    /// The target's new metadata file exists but its version hint is not updated.
+    AfterTargetMetadata,
+    /// Everything is committed; the caller has not been told.
+    AfterTargetCommit,
+}
+
+impl FaultPoint {
+    pub const ALL: [FaultPoint; 6] = [
+        FaultPoint::AfterTargetFiles,
+        FaultPoint::AfterStateFile,
+        FaultPoint::AfterStateMetadata,
+        FaultPoint::AfterStateCommit,
+        FaultPoint::AfterTargetMetadata,
+        FaultPoint::AfterTargetCommit,
+    ];
+}
+
+/// Armed faults: each fires once, the `n`-th time its point is reached.
+#[derive(Debug, Default)]
+pub struct Faults {
+    armed: Mutex<Vec<(FaultPoint, usize)>>,
+}
+
+impl Faults {
+    /// Fires at the `nth` (0-based) time `point` is reached from now on.
+    pub fn arm(&self, point: FaultPoint, nth: usize) {
+        self.armed.lock().expect("faults lock").push((point, nth));
+    }
+
+    pub fn hit(&self, point: FaultPoint) -> Result<()> {
+        let mut armed = self.armed.lock().expect("faults lock");
+        let mut fire = false;
+        armed.retain_mut(|(p, n)| {
+            if *p != point {
+                return true;
+            }
+            if *n == 0 {
+                fire = true;
+                return false;
+            }
+            *n -= 1;
+            true
+        });
+        if fire {
+            Err(Error::InjectedFault(point))
+        } else {
+            Ok(())
+        }
+    }
+}

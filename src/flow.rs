@@ -1,0 +1,683 @@
+//! Flow definitions: the TOML a user writes, and the validated `Flow` the rest
+//! of the crate works with. Validation happens once, here, at load time; every
+//! rejection has a stable code and names the column and the fix.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_schema::{Field, Schema as ArrowSchema, SchemaRef};
+use iceberg::TableIdent;
+use iceberg::arrow::schema_to_arrow_schema;
+use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result, codes};
+use crate::predicate::Predicate;
+
+/// Columns autocdc reserves for SCD Type 2 and its own bookkeeping.
+const RESERVED: &[&str] = &["__start_at", "__end_at"];
+const RESERVED_PREFIX: &str = "__autocdc";
+
+/// The whole configuration file (`autocdc.toml`).
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub catalog: CatalogConfig,
+    #[serde(default, rename = "flow")]
+    pub flows: Vec<FlowConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum CatalogConfig {
+    /// Iceberg Java's HadoopCatalog layout: `<warehouse>/<ns...>/<table>/metadata/vN.metadata.json`.
+    Hadoop {
+        #[serde(default = "default_warehouse")]
+        warehouse: String,
+    },
+}
+
+impl Default for CatalogConfig {
+    fn default() -> Self {
+        CatalogConfig::Hadoop {
+            warehouse: default_warehouse(),
+        }
+    }
+}
+
+fn default_warehouse() -> String {
+    "./warehouse".to_string()
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub fn to_vec(&self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s.clone()],
+            OneOrMany::Many(v) => v.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TiePolicy {
+    /// Two different changes with one sequence: the one with the larger row
+    /// fingerprint wins, whatever the arrival order. Counted as a tie.
+    #[default]
+    Deterministic,
+    /// Reject the batch that contains (or meets) a tie.
+    Error,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ColumnDef {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub ty: String,
+    #[serde(default)]
+    pub required: bool,
+}
+
+/// A flow as written in TOML (or sent over HTTP), fields named after
+/// `create_auto_cdc_flow`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FlowConfig {
+    pub name: String,
+    pub target: String,
+    pub columns: Vec<ColumnDef>,
+    pub keys: Vec<String>,
+    pub sequence_by: OneOrMany,
+    #[serde(default)]
+    pub apply_as_deletes: Option<String>,
+    #[serde(default)]
+    pub column_list: Option<Vec<String>>,
+    #[serde(default)]
+    pub except_column_list: Option<Vec<String>>,
+    #[serde(default = "default_scd_type")]
+    pub stored_as_scd_type: u8,
+    #[serde(default)]
+    pub partition_by: Vec<String>,
+    /// How long a tombstone is kept after its delete was committed, e.g. "2d", "36h".
+    #[serde(default)]
+    pub tombstone_gc_threshold: Option<String>,
+    #[serde(default)]
+    pub on_sequence_tie: TiePolicy,
+    /// Target size of one data file; files roll over at about this many bytes.
+    #[serde(default)]
+    pub target_file_size_bytes: Option<u64>,
+}
+
+fn default_scd_type() -> u8 {
+    1
+}
+
+/// A validated flow. Column indices refer to `source_arrow`.
+#[derive(Debug, Clone)]
+pub struct Flow {
+    pub name: String,
+    pub target: TableIdent,
+    pub config: FlowConfig,
+    /// The declared source columns; every field nullable so that nulls reach
+    /// validation (and get a precise error) instead of failing inside Arrow.
+    pub source_arrow: SchemaRef,
+    pub key_idx: Vec<usize>,
+    pub seq_idx: Vec<usize>,
+    pub deletes: Option<Predicate>,
+    /// Source column index of each target column, in target order.
+    pub target_cols: Vec<usize>,
+    /// The target's Iceberg schema (field ids 1..n, keys required and identifier fields).
+    pub target_schema: Schema,
+    pub tombstone_gc: Duration,
+    pub on_tie: TiePolicy,
+    pub target_file_size_bytes: u64,
+}
+
+impl Config {
+    pub fn from_toml(text: &str) -> Result<Config> {
+        toml::from_str(text).map_err(|e| Error::Config(format!("invalid configuration: {e}")))
+    }
+
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
+        Self::from_toml(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+    }
+
+    /// Validates every flow; the first invalid one is the error.
+    pub fn flows(&self) -> Result<Vec<Flow>> {
+        let mut names = HashSet::new();
+        let mut out = Vec::new();
+        for f in &self.flows {
+            if !names.insert(f.name.clone()) {
+                return Err(Error::definition(
+                    &f.name,
+                    codes::INVALID_DEFINITION,
+                    "two flows have this name; flow names must be unique",
+                ));
+            }
+            out.push(Flow::new(f.clone())?);
+        }
+        Ok(out)
+    }
+
+    pub fn flow(&self, name: &str) -> Result<Flow> {
+        let Some(f) = self.flows.iter().find(|f| f.name == name) else {
+            let known: Vec<_> = self.flows.iter().map(|f| f.name.as_str()).collect();
+            return Err(Error::Config(format!(
+                "no flow named `{name}` in the configuration (flows: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        };
+        Flow::new(f.clone())
+    }
+}
+
+/// Parses an Iceberg primitive type name as written in a flow definition.
+pub fn parse_type(s: &str) -> Option<PrimitiveType> {
+    let t = s.trim().to_ascii_lowercase();
+    Some(match t.as_str() {
+        "boolean" | "bool" => PrimitiveType::Boolean,
+        "int" | "integer" => PrimitiveType::Int,
+        "long" | "bigint" => PrimitiveType::Long,
+        "float" => PrimitiveType::Float,
+        "double" => PrimitiveType::Double,
+        "date" => PrimitiveType::Date,
+        "time" => PrimitiveType::Time,
+        "timestamp" => PrimitiveType::Timestamp,
+        "timestamptz" => PrimitiveType::Timestamptz,
+        "string" => PrimitiveType::String,
+        "uuid" => PrimitiveType::Uuid,
+        "binary" => PrimitiveType::Binary,
+        _ => {
+            let inner = t.strip_prefix("decimal(")?.strip_suffix(')')?;
+            let (p, s) = inner.split_once(',')?;
+            let precision: u32 = p.trim().parse().ok()?;
+            let scale: u32 = s.trim().parse().ok()?;
+            if precision == 0 || precision > 38 || scale > precision {
+                return None;
+            }
+            PrimitiveType::Decimal { precision, scale }
+        }
+    })
+}
+
+fn orderable(t: &PrimitiveType) -> bool {
+    !matches!(
+        t,
+        PrimitiveType::Boolean
+            | PrimitiveType::Binary
+            | PrimitiveType::Uuid
+            | PrimitiveType::Fixed(_)
+    )
+}
+
+/// Splits `a.b.table` into a namespace and a table name.
+pub fn parse_table_ident(flow: &str, target: &str) -> Result<TableIdent> {
+    let parts: Vec<&str> = target.split('.').collect();
+    if parts.len() < 2 || parts.iter().any(|p| p.is_empty()) {
+        return Err(Error::definition(
+            flow,
+            codes::INVALID_DEFINITION,
+            format!(
+                "target `{target}` must be `namespace.table` (multi-level namespaces allowed: `a.b.table`)"
+            ),
+        ));
+    }
+    TableIdent::from_strs(parts).map_err(Error::from)
+}
+
+impl Flow {
+    pub fn new(config: FlowConfig) -> Result<Flow> {
+        let flow = config.name.clone();
+        let f = flow.as_str();
+        if flow.is_empty()
+            || !flow
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_DEFINITION,
+                "flow names use letters, digits, `_` and `-` only",
+            ));
+        }
+        let target = parse_table_ident(f, &config.target)?;
+        if config.stored_as_scd_type != 1 {
+            return Err(Error::definition(
+                f,
+                codes::UNSUPPORTED,
+                format!(
+                    "stored_as_scd_type = {} is not supported yet; use 1 (one current row per key)",
+                    config.stored_as_scd_type
+                ),
+            ));
+        }
+        if !config.partition_by.is_empty() {
+            return Err(Error::definition(
+                f,
+                codes::UNSUPPORTED,
+                "partition_by is not supported yet; remove it to write an unpartitioned table",
+            ));
+        }
+
+        // Columns: plain names, no duplicates, no reserved names, known types.
+        let mut seen = HashSet::new();
+        let mut fields = Vec::new();
+        for (i, c) in config.columns.iter().enumerate() {
+            check_plain(f, &c.name)?;
+            let lower = c.name.to_ascii_lowercase();
+            if RESERVED.contains(&lower.as_str()) || lower.starts_with(RESERVED_PREFIX) {
+                return Err(Error::definition(
+                    f,
+                    codes::RESERVED_COLUMN,
+                    format!(
+                        "column `{}` uses a name autocdc reserves (`__START_AT`, `__END_AT`, `__autocdc*`); rename it in the source",
+                        c.name
+                    ),
+                ));
+            }
+            if !seen.insert(lower) {
+                return Err(Error::definition(
+                    f,
+                    codes::INVALID_DEFINITION,
+                    format!("column `{}` is declared twice", c.name),
+                ));
+            }
+            let Some(ty) = parse_type(&c.ty) else {
+                return Err(Error::definition(
+                    f,
+                    codes::INVALID_DEFINITION,
+                    format!(
+                        "column `{}` has unknown type `{}`; use one of boolean, int, long, float, double, decimal(p,s), date, time, timestamp, timestamptz, string, uuid, binary",
+                        c.name, c.ty
+                    ),
+                ));
+            };
+            fields.push((i, c.name.clone(), ty, c.required));
+        }
+        let find = |name: &str, what: &str| -> Result<usize> {
+            check_plain(f, name)?;
+            config.columns.iter().position(|c| c.name == name).ok_or_else(|| {
+                Error::definition(
+                    f,
+                    codes::COLUMNS_NOT_FOUND,
+                    format!("{what} column `{name}` is not among the declared columns ({}); declare it under `columns` or fix the name",
+                        config.columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")),
+                )
+            })
+        };
+
+        if config.keys.is_empty() {
+            return Err(Error::definition(
+                f,
+                codes::EMPTY_KEYS,
+                "`keys` is empty; name the column(s) that identify a row, e.g. keys = [\"id\"]",
+            ));
+        }
+        let key_idx = config
+            .keys
+            .iter()
+            .map(|k| find(k, "key"))
+            .collect::<Result<Vec<_>>>()?;
+        let seq_names = config.sequence_by.to_vec();
+        if seq_names.is_empty() {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_DEFINITION,
+                "`sequence_by` is empty; name the column(s) that order changes, e.g. sequence_by = \"seq\"",
+            ));
+        }
+        let seq_idx = seq_names
+            .iter()
+            .map(|s| find(s, "sequence_by"))
+            .collect::<Result<Vec<_>>>()?;
+        for &i in &seq_idx {
+            if !orderable(&fields[i].2) {
+                return Err(Error::definition(
+                    f,
+                    codes::NON_ORDERABLE_SEQUENCE,
+                    format!(
+                        "sequence_by column `{}` has type {} which has no order; use a numeric, temporal or string column",
+                        fields[i].1, fields[i].2
+                    ),
+                ));
+            }
+        }
+        for &i in &key_idx {
+            if matches!(fields[i].2, PrimitiveType::Float | PrimitiveType::Double) {
+                return Err(Error::definition(
+                    f,
+                    codes::INVALID_DEFINITION,
+                    format!(
+                        "key column `{}` is a floating-point column; Iceberg identifier fields cannot be float or double",
+                        fields[i].1
+                    ),
+                ));
+            }
+        }
+
+        // Column selection.
+        let target_cols: Vec<usize> = match (&config.column_list, &config.except_column_list) {
+            (Some(_), Some(_)) => {
+                return Err(Error::definition(
+                    f,
+                    codes::INVALID_SELECTION,
+                    "column_list and except_column_list are mutually exclusive; keep one",
+                ));
+            }
+            (Some(list), None) => {
+                let mut v = Vec::new();
+                for c in list {
+                    let i = find(c, "column_list")?;
+                    if !v.contains(&i) {
+                        v.push(i);
+                    }
+                }
+                v.sort_unstable();
+                v
+            }
+            (None, Some(except)) => {
+                let ex = except
+                    .iter()
+                    .map(|c| find(c, "except_column_list"))
+                    .collect::<Result<HashSet<_>>>()?;
+                (0..fields.len()).filter(|i| !ex.contains(i)).collect()
+            }
+            (None, None) => (0..fields.len()).collect(),
+        };
+        for &k in &key_idx {
+            if !target_cols.contains(&k) {
+                return Err(Error::definition(
+                    f,
+                    codes::INVALID_SELECTION,
+                    format!(
+                        "key column `{}` is left out of the target by the column selection; keys must be in the target",
+                        fields[k].1
+                    ),
+                ));
+            }
+        }
+
+        // Schemas.
+        let all_nullable: Vec<Field> = fields
+            .iter()
+            .map(|(i, name, ty, _)| {
+                let nf = NestedField::optional(*i as i32 + 1, name, Type::Primitive(ty.clone()));
+                let schema = Schema::builder().with_fields(vec![Arc::new(nf)]).build()?;
+                let arrow = schema_to_arrow_schema(&schema)?;
+                Ok(arrow.field(0).clone())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let source_arrow = Arc::new(ArrowSchema::new(all_nullable));
+
+        let mut target_fields = Vec::new();
+        let mut identifier = Vec::new();
+        for (pos, &i) in target_cols.iter().enumerate() {
+            let (_, name, ty, required) = &fields[i];
+            let id = pos as i32 + 1;
+            let is_key = key_idx.contains(&i);
+            let nf = if *required || is_key {
+                NestedField::required(id, name, Type::Primitive(ty.clone()))
+            } else {
+                NestedField::optional(id, name, Type::Primitive(ty.clone()))
+            };
+            if is_key {
+                identifier.push(id);
+            }
+            target_fields.push(Arc::new(nf));
+        }
+        // Identifier ids in key order.
+        let identifier: Vec<i32> = key_idx
+            .iter()
+            .map(|k| {
+                target_cols
+                    .iter()
+                    .position(|c| c == k)
+                    .map(|p| p as i32 + 1)
+                    .unwrap_or(0)
+            })
+            .collect();
+        let target_schema = Schema::builder()
+            .with_schema_id(0)
+            .with_fields(target_fields)
+            .with_identifier_field_ids(identifier)
+            .build()?;
+
+        let deletes = match &config.apply_as_deletes {
+            Some(sql) => Some(
+                Predicate::parse(sql, &source_arrow).map_err(|e| Error::from_predicate(f, e))?,
+            ),
+            None => None,
+        };
+        let tombstone_gc = match &config.tombstone_gc_threshold {
+            None => Duration::from_secs(2 * 24 * 3600),
+            Some(s) => humantime::parse_duration(s).map_err(|e| {
+                Error::definition(
+                    f,
+                    codes::INVALID_DEFINITION,
+                    format!("tombstone_gc_threshold `{s}` is not a duration ({e}); write e.g. \"2d\" or \"36h\""),
+                )
+            })?,
+        };
+        Ok(Flow {
+            name: flow.clone(),
+            target,
+            on_tie: config.on_sequence_tie,
+            target_file_size_bytes: config.target_file_size_bytes.unwrap_or(128 << 20),
+            config,
+            source_arrow,
+            key_idx,
+            seq_idx,
+            deletes,
+            target_cols,
+            target_schema,
+            tombstone_gc,
+        })
+    }
+
+    pub fn column_name(&self, source_idx: usize) -> &str {
+        self.source_arrow.field(source_idx).name()
+    }
+
+    /// Whether source column `i` must not be null.
+    pub fn required(&self, i: usize) -> bool {
+        self.config.columns[i].required || self.key_idx.contains(&i)
+    }
+
+    /// The identifier of the aux sequence-state table kept beside the target.
+    pub fn state_ident(&self) -> TableIdent {
+        TableIdent::new(
+            self.target.namespace().clone(),
+            format!("{}__autocdc_state", self.target.name()),
+        )
+    }
+}
+
+fn check_plain(flow: &str, name: &str) -> Result<()> {
+    if name.contains('.') {
+        return Err(Error::definition(
+            flow,
+            codes::MULTIPART_IDENTIFIER,
+            format!(
+                "`{name}` is a multi-part identifier; use the plain column name (`{}`)",
+                name.rsplit('.').next().unwrap_or(name)
+            ),
+        ));
+    }
+    if name.is_empty() {
+        return Err(Error::definition(
+            flow,
+            codes::INVALID_DEFINITION,
+            "a column name is empty",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> FlowConfig {
+        toml::from_str(
+            r#"
+            name = "customers"
+            target = "crm.customers"
+            keys = ["id"]
+            sequence_by = "seq"
+            apply_as_deletes = "op = 'DELETE'"
+            except_column_list = ["op"]
+            columns = [
+              { name = "id", type = "long", required = true },
+              { name = "city", type = "string" },
+              { name = "op", type = "string" },
+              { name = "seq", type = "long", required = true },
+            ]
+            "#,
+        )
+        .unwrap()
+    }
+
+    fn code_of(c: FlowConfig) -> &'static str {
+        Flow::new(c).unwrap_err().code()
+    }
+
+    #[test]
+    fn valid_flow_builds_target_schema_with_identifier_keys() {
+        let f = Flow::new(base()).unwrap();
+        let names: Vec<_> = f
+            .target_schema
+            .as_struct()
+            .fields()
+            .iter()
+            .map(|f| f.name.clone())
+            .collect();
+        assert_eq!(names, ["id", "city", "seq"]);
+        assert_eq!(
+            f.target_schema.identifier_field_ids().collect::<Vec<_>>(),
+            vec![1]
+        );
+        assert!(f.target_schema.as_struct().fields()[0].required);
+        assert_eq!(f.state_ident().name(), "customers__autocdc_state");
+        assert_eq!(f.tombstone_gc, Duration::from_secs(172_800));
+    }
+
+    #[test]
+    fn empty_keys() {
+        let mut c = base();
+        c.keys.clear();
+        assert_eq!(code_of(c), codes::EMPTY_KEYS);
+    }
+
+    #[test]
+    fn unknown_key_column() {
+        let mut c = base();
+        c.keys = vec!["customer_id".into()];
+        let e = Flow::new(c).unwrap_err();
+        assert_eq!(e.code(), codes::COLUMNS_NOT_FOUND);
+        assert!(e.to_string().contains("customer_id"));
+    }
+
+    #[test]
+    fn multipart_sequence() {
+        let mut c = base();
+        c.sequence_by = OneOrMany::One("changes.seq".into());
+        let e = Flow::new(c).unwrap_err();
+        assert_eq!(e.code(), codes::MULTIPART_IDENTIFIER);
+        assert!(e.to_string().contains("`seq`"), "{e}");
+    }
+
+    #[test]
+    fn reserved_column() {
+        let mut c = base();
+        c.columns.push(ColumnDef {
+            name: "__START_AT".into(),
+            ty: "long".into(),
+            required: false,
+        });
+        assert_eq!(code_of(c), codes::RESERVED_COLUMN);
+    }
+
+    #[test]
+    fn both_selections() {
+        let mut c = base();
+        c.column_list = Some(vec!["id".into()]);
+        assert_eq!(code_of(c), codes::INVALID_SELECTION);
+    }
+
+    #[test]
+    fn key_left_out_of_selection() {
+        let mut c = base();
+        c.except_column_list = Some(vec!["id".into()]);
+        assert_eq!(code_of(c), codes::INVALID_SELECTION);
+    }
+
+    #[test]
+    fn boolean_sequence_is_not_orderable() {
+        let mut c = base();
+        c.columns.push(ColumnDef {
+            name: "flag".into(),
+            ty: "boolean".into(),
+            required: false,
+        });
+        c.sequence_by = OneOrMany::Many(vec!["seq".into(), "flag".into()]);
+        assert_eq!(code_of(c), codes::NON_ORDERABLE_SEQUENCE);
+    }
+
+    #[test]
+    fn scd2_rejected_until_supported() {
+        let mut c = base();
+        c.stored_as_scd_type = 2;
+        assert_eq!(code_of(c), codes::UNSUPPORTED);
+    }
+
+    #[test]
+    fn bad_delete_expression_names_column() {
+        let mut c = base();
+        c.apply_as_deletes = Some("operation = 'DELETE'".into());
+        let e = Flow::new(c).unwrap_err();
+        assert_eq!(e.code(), codes::COLUMNS_NOT_FOUND);
+        assert!(e.to_string().contains("operation"));
+    }
+
+    #[test]
+    fn types_parse() {
+        assert_eq!(
+            parse_type("decimal(10, 2)"),
+            Some(PrimitiveType::Decimal {
+                precision: 10,
+                scale: 2
+            })
+        );
+        assert_eq!(parse_type("timestamptz"), Some(PrimitiveType::Timestamptz));
+        assert_eq!(parse_type("decimal(2,5)"), None);
+        assert_eq!(parse_type("varchar"), None);
+    }
+
+    #[test]
+    fn multi_level_namespace() {
+        let mut c = base();
+        c.target = "a.b.customers".into();
+        let f = Flow::new(c).unwrap();
+        assert_eq!(f.target.namespace().as_ref().len(), 2);
+        let mut c = base();
+        c.target = "customers".into();
+        assert_eq!(code_of(c), codes::INVALID_DEFINITION);
+    }
+}

@@ -1,0 +1,21 @@
+//! autocdc: applies change-data-capture streams to Apache Iceberg tables.
+//! See ARCHITECTURE.md for the map of modules and their invariants.
+
+pub mod error;
+pub mod fault;
+pub mod flow;
+pub mod ghost_kitchen;
+pub mod predicate;
+pub mod resolve;
+pub mod state;
+pub mod state_table;
+
+pub use error::{Error, Result};
+pub mod bench;
+pub mod catalog;
+pub mod cli;
+pub mod engine;
+pub mod input;
+pub mod snapshot;
+pub mod storage;
+pub mod write;

@@ -1,0 +1,363 @@
+//! The pure core: one micro-batch plus the key state in, the rows to write,
+//! the rows to remove and the state changes out.
+//!
+//! Architecture invariant: no I/O, no clock (the commit time is a parameter),
+//! no mutation of the state until `apply` (so a rejected batch changes nothing).
+//!
+//! Semantics, per key: the change with the highest sequence wins whatever the
+//! arrival order and batching; equal sequences are an exact duplicate when the
+//! whole change is equal (same fingerprint), otherwise a tie that the larger
+//! fingerprint wins (or that rejects the batch with `on_sequence_tie = "error"`).
+//! A delete leaves a tombstone so that an older upsert arriving later is stale.
+
+use std::cmp::Ordering;
+
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_row::{RowConverter, Rows, SortField};
+use hashbrown::HashTable;
+use serde::Serialize;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::error::{Error, Result, codes};
+use crate::flow::{Flow, TiePolicy};
+use crate::state::{KeyIndex, Loc, Value, hash_key};
+
+/// Row encoders for one flow: keys, sequences and whole changes.
+#[derive(Debug)]
+pub struct Codec {
+    pub keys: RowConverter,
+    pub seqs: RowConverter,
+    all: RowConverter,
+}
+
+impl Codec {
+    pub fn new(flow: &Flow) -> Result<Codec> {
+        let field = |i: &usize| SortField::new(flow.source_arrow.field(*i).data_type().clone());
+        Ok(Codec {
+            keys: RowConverter::new(flow.key_idx.iter().map(field).collect())?,
+            seqs: RowConverter::new(flow.seq_idx.iter().map(field).collect())?,
+            all: RowConverter::new(
+                flow.source_arrow
+                    .fields()
+                    .iter()
+                    .map(|f| SortField::new(f.data_type().clone()))
+                    .collect(),
+            )?,
+        })
+    }
+
+    /// Fingerprint of each whole change: decides ties the same way everywhere.
+    pub fn fingerprints(&self, batch: &RecordBatch) -> Result<Vec<u64>> {
+        let rows = self.all.convert_columns(batch.columns())?;
+        Ok(rows.iter().map(|r| xxh3_64(r.as_ref())).collect())
+    }
+}
+
+/// What happened to the rows of one batch. Every input row is counted once,
+/// as an applied upsert or delete, or as stale, a duplicate or a tie loser:
+/// `rows_in = upserts + deletes + stale + duplicates + tie_losers`.
+/// `ties` counts tie events (two different changes with one sequence met),
+/// including those the incoming change won.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BatchStats {
+    pub rows_in: u64,
+    pub upserts: u64,
+    pub deletes: u64,
+    pub stale: u64,
+    pub duplicates: u64,
+    pub ties: u64,
+    pub tie_losers: u64,
+    pub removed_by_position: u64,
+    pub removed_by_key: u64,
+}
+
+impl BatchStats {
+    pub fn add(&mut self, o: &BatchStats) {
+        self.rows_in += o.rows_in;
+        self.upserts += o.upserts;
+        self.deletes += o.deletes;
+        self.stale += o.stale;
+        self.duplicates += o.duplicates;
+        self.ties += o.ties;
+        self.tie_losers += o.tie_losers;
+        self.removed_by_position += o.removed_by_position;
+        self.removed_by_key += o.removed_by_key;
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// The row goes into the target; `ordinal` indexes `Resolution::inserts`.
+    Upsert {
+        ordinal: u32,
+    },
+    Delete,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Change {
+    pub row: u32,
+    pub kind: ChangeKind,
+}
+
+/// The outcome of resolving one batch against the state.
+#[derive(Debug)]
+pub struct Resolution {
+    pub keys: Rows,
+    pub seqs: Rows,
+    pub hashes: Vec<u64>,
+    pub fingerprints: Vec<u64>,
+    /// Batch rows to write into the target, in this order (their positions follow it).
+    pub inserts: Vec<u32>,
+    /// Live rows to remove, by data file and position.
+    pub remove_positions: Vec<Loc>,
+    /// Batch rows whose key must be removed by equality delete (position unknown).
+    pub remove_keys: Vec<u32>,
+    /// One per key whose state changes.
+    pub changes: Vec<Change>,
+    pub stats: BatchStats,
+}
+
+fn first_null(a: &ArrayRef) -> Option<usize> {
+    if a.null_count() == 0 {
+        return None;
+    }
+    (0..a.len()).find(|&i| a.is_null(i))
+}
+
+/// Rejects the batch when a key or sequence is null, naming the row and column.
+pub fn validate(flow: &Flow, batch: &RecordBatch) -> Result<()> {
+    for (idxs, code, what) in [
+        (&flow.key_idx, codes::NULL_KEY, "key"),
+        (&flow.seq_idx, codes::NULL_SEQUENCE, "sequence"),
+    ] {
+        for &i in idxs.iter() {
+            if let Some(row) = first_null(batch.column(i)) {
+                return Err(Error::Batch {
+                    code,
+                    flow: flow.name.clone(),
+                    row,
+                    column: flow.column_name(i).to_string(),
+                    message: format!(
+                        "{what} column is null; every change needs a non-null {what} (filter or fix such rows at the source)"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Resolves `batch` (columns in `flow.source_arrow` order) against `state`.
+///
+/// `state_complete` says every row in the target was written by autocdc and
+/// is in the state; when false, keys new to the state may still have rows in
+/// the target, so they get an equality delete.
+pub fn resolve(
+    flow: &Flow,
+    codec: &Codec,
+    batch: &RecordBatch,
+    state: &KeyIndex,
+    state_complete: bool,
+) -> Result<Resolution> {
+    validate(flow, batch)?;
+    let n = batch.num_rows();
+    let key_cols: Vec<ArrayRef> = flow
+        .key_idx
+        .iter()
+        .map(|&i| batch.column(i).clone())
+        .collect();
+    let seq_cols: Vec<ArrayRef> = flow
+        .seq_idx
+        .iter()
+        .map(|&i| batch.column(i).clone())
+        .collect();
+    let keys = codec.keys.convert_columns(&key_cols)?;
+    let seqs = codec.seqs.convert_columns(&seq_cols)?;
+    let fingerprints = codec.fingerprints(batch)?;
+    let hashes: Vec<u64> = keys.iter().map(|k| hash_key(k.as_ref())).collect();
+    let is_delete = match &flow.deletes {
+        Some(p) => Some(p.evaluate(batch).map_err(|e| Error::Input {
+            code: e.code(),
+            flow: flow.name.clone(),
+            message: e.to_string(),
+        })?),
+        None => None,
+    };
+    let deleted = |i: usize| is_delete.as_ref().is_some_and(|d| d.value(i));
+
+    let mut stats = BatchStats {
+        rows_in: n as u64,
+        ..Default::default()
+    };
+    let tie_error = |row: usize| {
+        Error::Batch {
+        code: codes::SEQUENCE_TIE,
+        flow: flow.name.clone(),
+        row,
+        column: flow.seq_idx.iter().map(|&i| flow.column_name(i)).collect::<Vec<_>>().join(","),
+        message: "two different changes of one key have the same sequence; with on_sequence_tie = \"error\" such batches are rejected (make the sequence unique, or use on_sequence_tie = \"deterministic\")".into(),
+    }
+    };
+
+    // 1. The winner of each key within the batch.
+    let mut winners: HashTable<u32> = HashTable::with_capacity(n);
+    for i in 0..n {
+        let (h, k, s, fp) = (hashes[i], keys.row(i), seqs.row(i), fingerprints[i]);
+        match winners.find_mut(h, |&w| keys.row(w as usize) == k) {
+            None => {
+                winners.insert_unique(h, i as u32, |&w| hashes[w as usize]);
+            }
+            Some(w) => {
+                let b = *w as usize;
+                let bs = seqs.row(b);
+                match s.as_ref().cmp(bs.as_ref()) {
+                    Ordering::Less => stats.stale += 1,
+                    Ordering::Greater => {
+                        stats.stale += 1;
+                        *w = i as u32;
+                    }
+                    Ordering::Equal if fp == fingerprints[b] => stats.duplicates += 1,
+                    Ordering::Equal => {
+                        if flow.on_tie == TiePolicy::Error {
+                            return Err(tie_error(i));
+                        }
+                        stats.ties += 1;
+                        stats.tie_losers += 1;
+                        if fp > fingerprints[b] {
+                            *w = i as u32;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut rows: Vec<u32> = winners.into_iter().collect();
+    rows.sort_unstable();
+
+    // 2. Each winner against the state.
+    let mut inserts = Vec::new();
+    let mut remove_positions = Vec::new();
+    let mut remove_keys = Vec::new();
+    let mut changes = Vec::with_capacity(rows.len());
+    for &r in &rows {
+        let i = r as usize;
+        let (k, s, fp) = (keys.row(i), seqs.row(i), fingerprints[i]);
+        let current = state.get_hashed(hashes[i], k.as_ref());
+        if let Some(e) = current {
+            match s.as_ref().cmp(e.seq) {
+                Ordering::Less => {
+                    stats.stale += 1;
+                    continue;
+                }
+                Ordering::Equal if fp == e.fingerprint => {
+                    stats.duplicates += 1;
+                    continue;
+                }
+                Ordering::Equal => {
+                    if flow.on_tie == TiePolicy::Error {
+                        return Err(tie_error(i));
+                    }
+                    stats.ties += 1;
+                    if fp < e.fingerprint {
+                        stats.tie_losers += 1;
+                        continue;
+                    }
+                }
+                Ordering::Greater => {}
+            }
+            match e.value {
+                Value::Live(Some(loc)) => {
+                    remove_positions.push(loc);
+                    stats.removed_by_position += 1;
+                }
+                Value::Live(None) => {
+                    remove_keys.push(r);
+                    stats.removed_by_key += 1;
+                }
+                Value::Tombstone { .. } => {}
+            }
+        } else if !state_complete {
+            remove_keys.push(r);
+            stats.removed_by_key += 1;
+        }
+        if deleted(i) {
+            stats.deletes += 1;
+            changes.push(Change {
+                row: r,
+                kind: ChangeKind::Delete,
+            });
+        } else {
+            stats.upserts += 1;
+            changes.push(Change {
+                row: r,
+                kind: ChangeKind::Upsert {
+                    ordinal: inserts.len() as u32,
+                },
+            });
+            inserts.push(r);
+        }
+    }
+
+    // 3. A row to write must fill the target's required columns.
+    for &c in &flow.target_cols {
+        if !flow.required(c) || flow.key_idx.contains(&c) {
+            continue;
+        }
+        let a = batch.column(c);
+        if a.null_count() == 0 {
+            continue;
+        }
+        if let Some(&r) = inserts.iter().find(|&&r| a.is_null(r as usize)) {
+            return Err(Error::Batch {
+                code: codes::BAD_COLUMN,
+                flow: flow.name.clone(),
+                row: r as usize,
+                column: flow.column_name(c).to_string(),
+                message: "required column is null in an upsert; send a value or declare the column without `required`".into(),
+            });
+        }
+    }
+
+    remove_positions.sort_unstable();
+    Ok(Resolution {
+        keys,
+        seqs,
+        hashes,
+        fingerprints,
+        inserts,
+        remove_positions,
+        remove_keys,
+        changes,
+        stats,
+    })
+}
+
+/// Applies a resolution to the state once its rows are written: `locs[ordinal]`
+/// is where insert `ordinal` landed. `now_ms` stamps new tombstones.
+pub fn apply(state: &mut KeyIndex, res: &Resolution, locs: &[Loc], now_ms: i64) {
+    debug_assert_eq!(locs.len(), res.inserts.len());
+    for c in &res.changes {
+        let i = c.row as usize;
+        let value = match c.kind {
+            ChangeKind::Upsert { ordinal } => Value::Live(Some(locs[ordinal as usize])),
+            ChangeKind::Delete => Value::Tombstone {
+                deleted_at_ms: now_ms,
+            },
+        };
+        let (k, s) = (res.keys.row(i), res.seqs.row(i));
+        debug_assert!(
+            state
+                .get_hashed(res.hashes[i], k.as_ref())
+                .is_none_or(|e| e.seq <= s.as_ref()),
+            "sequence must not go backwards for a key"
+        );
+        state.put(
+            res.hashes[i],
+            k.as_ref(),
+            s.as_ref(),
+            res.fingerprints[i],
+            value,
+        );
+    }
+}

@@ -1,0 +1,489 @@
+//! The per-key sequence state: for every key ever seen (until its tombstone
+//! is collected), the winning sequence, a fingerprint of the winning change,
+//! and either the live row's location (data file + position) or the
+//! tombstone's commit time.
+//!
+//! In memory it is a compact open-addressing index over an arena of
+//! row-encoded keys: about 60 bytes per key for one `long` key (see
+//! `KeyIndex::bytes_per_key` and the benchmark). On disk it is the aux
+//! Iceberg table `<table>__autocdc_state` (see `state_table`).
+//!
+//! Architecture invariant: this module does no I/O and reads no clock.
+
+use std::sync::Arc;
+
+use hashbrown::HashTable;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Inline capacity for a row-encoded sequence; longer ones spill to an arena.
+const SEQ_INLINE: usize = 16;
+
+const F_TOMBSTONE: u8 = 1;
+const F_HAS_LOC: u8 = 2;
+const F_DIRTY: u8 = 4;
+const F_SPILLED: u8 = 8;
+
+/// Where a live row autocdc wrote sits: a data file (interned id) and its row position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Loc {
+    pub file: u32,
+    pub pos: u32,
+}
+
+/// The value half of an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Value {
+    /// A live row; `None` when its position is unknown (a row autocdc did not write).
+    Live(Option<Loc>),
+    /// A delete won; kept until `tombstone_gc_threshold` after `deleted_at_ms`.
+    Tombstone { deleted_at_ms: i64 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryRef<'a> {
+    pub key: &'a [u8],
+    pub seq: &'a [u8],
+    pub fingerprint: u64,
+    pub value: Value,
+}
+
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Slot {
+    key_off: u32,
+    key_len: u16,
+    seq_len: u8,
+    flags: u8,
+    /// Inline sequence bytes, or (when spilled) the spill offset in the first 8 bytes.
+    seq: [u8; SEQ_INLINE],
+    fingerprint: u64,
+    /// `file << 32 | pos` for a live row with a location; the delete time for a tombstone.
+    payload: u64,
+}
+
+/// Interned data file paths, so each key stores a 4-byte file id.
+#[derive(Debug, Default, Clone)]
+pub struct FileTable {
+    paths: Vec<Arc<str>>,
+    ids: hashbrown::HashMap<Arc<str>, u32>,
+}
+
+impl FileTable {
+    pub fn intern(&mut self, path: &str) -> u32 {
+        if let Some(&id) = self.ids.get(path) {
+            return id;
+        }
+        let id = self.paths.len() as u32;
+        let p: Arc<str> = Arc::from(path);
+        self.paths.push(p.clone());
+        self.ids.insert(p, id);
+        id
+    }
+
+    pub fn path(&self, id: u32) -> &str {
+        &self.paths[id as usize]
+    }
+
+    pub fn len(&self) -> usize {
+        self.paths.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.paths.is_empty()
+    }
+}
+
+/// The key index. Keys and sequences are Arrow row-format bytes, so any key
+/// type and any multi-column sequence compare with one `memcmp`.
+#[derive(Default, Clone)]
+pub struct KeyIndex {
+    table: HashTable<u32>,
+    slots: Vec<Slot>,
+    keys: Vec<u8>,
+    spill: Vec<u8>,
+    pub files: FileTable,
+    live: usize,
+    tombstones: usize,
+    dirty: Vec<u32>,
+}
+
+impl std::fmt::Debug for KeyIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyIndex")
+            .field("keys", &self.slots.len())
+            .field("live", &self.live)
+            .field("tombstones", &self.tombstones)
+            .finish()
+    }
+}
+
+pub fn hash_key(key: &[u8]) -> u64 {
+    xxh3_64(key)
+}
+
+impl KeyIndex {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with_capacity(keys: usize, key_bytes: usize) -> Self {
+        KeyIndex {
+            table: HashTable::with_capacity(keys),
+            slots: Vec::with_capacity(keys),
+            keys: Vec::with_capacity(key_bytes),
+            ..Default::default()
+        }
+    }
+
+    /// Number of keys held (live rows plus tombstones).
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    pub fn live(&self) -> usize {
+        self.live
+    }
+
+    pub fn tombstones(&self) -> usize {
+        self.tombstones
+    }
+
+    /// Heap bytes held by the index (capacities, not lengths).
+    pub fn heap_bytes(&self) -> usize {
+        // hashbrown: one u32 bucket plus one control byte per bucket.
+        let buckets = if self.table.capacity() == 0 {
+            0
+        } else {
+            (self.table.capacity() * 8 / 7).next_power_of_two()
+        };
+        buckets * (std::mem::size_of::<u32>() + 1)
+            + self.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.keys.capacity()
+            + self.spill.capacity()
+            + self.dirty.capacity() * 4
+            + self.files.paths.iter().map(|p| p.len() + 48).sum::<usize>()
+    }
+
+    pub fn bytes_per_key(&self) -> f64 {
+        if self.is_empty() {
+            0.0
+        } else {
+            self.heap_bytes() as f64 / self.len() as f64
+        }
+    }
+
+    fn slot_key(&self, s: &Slot) -> &[u8] {
+        &self.keys[s.key_off as usize..s.key_off as usize + s.key_len as usize]
+    }
+
+    fn slot_seq<'a>(&'a self, s: &'a Slot) -> &'a [u8] {
+        if s.flags & F_SPILLED != 0 {
+            let off = u64::from_le_bytes(s.seq[..8].try_into().expect("8 bytes")) as usize;
+            let len = u32::from_le_bytes(s.seq[8..12].try_into().expect("4 bytes")) as usize;
+            &self.spill[off..off + len]
+        } else {
+            &s.seq[..s.seq_len as usize]
+        }
+    }
+
+    fn entry<'a>(&'a self, s: &'a Slot) -> EntryRef<'a> {
+        let value = if s.flags & F_TOMBSTONE != 0 {
+            Value::Tombstone {
+                deleted_at_ms: s.payload as i64,
+            }
+        } else if s.flags & F_HAS_LOC != 0 {
+            Value::Live(Some(Loc {
+                file: (s.payload >> 32) as u32,
+                pos: s.payload as u32,
+            }))
+        } else {
+            Value::Live(None)
+        };
+        EntryRef {
+            key: self.slot_key(s),
+            seq: self.slot_seq(s),
+            fingerprint: s.fingerprint,
+            value,
+        }
+    }
+
+    fn find(&self, hash: u64, key: &[u8]) -> Option<u32> {
+        self.table
+            .find(hash, |&i| self.slot_key(&self.slots[i as usize]) == key)
+            .copied()
+    }
+
+    pub fn get(&self, key: &[u8]) -> Option<EntryRef<'_>> {
+        self.get_hashed(hash_key(key), key)
+    }
+
+    pub fn get_hashed(&self, hash: u64, key: &[u8]) -> Option<EntryRef<'_>> {
+        self.find(hash, key)
+            .map(|i| self.entry(&self.slots[i as usize]))
+    }
+
+    fn set_seq(&mut self, idx: usize, seq: &[u8]) {
+        let s = &mut self.slots[idx];
+        if seq.len() <= SEQ_INLINE {
+            s.seq[..seq.len()].copy_from_slice(seq);
+            s.seq_len = seq.len() as u8;
+            s.flags &= !F_SPILLED;
+        } else {
+            let off = self.spill.len() as u64;
+            self.spill.extend_from_slice(seq);
+            s.seq[..8].copy_from_slice(&off.to_le_bytes());
+            s.seq[8..12].copy_from_slice(&(seq.len() as u32).to_le_bytes());
+            s.seq_len = 0;
+            s.flags |= F_SPILLED;
+        }
+    }
+
+    /// Inserts or overwrites the entry of `key`. Marks it dirty (to persist).
+    pub fn put(&mut self, hash: u64, key: &[u8], seq: &[u8], fingerprint: u64, value: Value) {
+        let idx = match self.find(hash, key) {
+            Some(i) => {
+                let s = &self.slots[i as usize];
+                if s.flags & F_TOMBSTONE != 0 {
+                    self.tombstones -= 1;
+                } else {
+                    self.live -= 1;
+                }
+                i as usize
+            }
+            None => {
+                assert!(key.len() <= u16::MAX as usize, "key longer than 64 KiB");
+                let off = u32::try_from(self.keys.len()).expect("key arena above 4 GiB");
+                self.keys.extend_from_slice(key);
+                let i = self.slots.len() as u32;
+                self.slots.push(Slot {
+                    key_off: off,
+                    key_len: key.len() as u16,
+                    seq_len: 0,
+                    flags: 0,
+                    seq: [0; SEQ_INLINE],
+                    fingerprint: 0,
+                    payload: 0,
+                });
+                let (slots, keys) = (&self.slots, &self.keys);
+                self.table.insert_unique(hash, i, |&j| {
+                    let s = &slots[j as usize];
+                    hash_key(&keys[s.key_off as usize..s.key_off as usize + s.key_len as usize])
+                });
+                i as usize
+            }
+        };
+        self.set_seq(idx, seq);
+        let s = &mut self.slots[idx];
+        s.fingerprint = fingerprint;
+        let was_dirty = s.flags & F_DIRTY != 0;
+        s.flags &= F_SPILLED;
+        s.flags |= F_DIRTY;
+        match value {
+            Value::Live(Some(loc)) => {
+                s.flags |= F_HAS_LOC;
+                s.payload = ((loc.file as u64) << 32) | loc.pos as u64;
+                self.live += 1;
+            }
+            Value::Live(None) => {
+                s.payload = 0;
+                self.live += 1;
+            }
+            Value::Tombstone { deleted_at_ms } => {
+                s.flags |= F_TOMBSTONE;
+                s.payload = deleted_at_ms as u64;
+                self.tombstones += 1;
+            }
+        }
+        if !was_dirty {
+            self.dirty.push(idx as u32);
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = EntryRef<'_>> + '_ {
+        self.slots.iter().map(|s| self.entry(s))
+    }
+
+    /// Entries changed since the last `clear_dirty`.
+    pub fn dirty(&self) -> impl Iterator<Item = EntryRef<'_>> + '_ {
+        self.dirty
+            .iter()
+            .map(|&i| self.entry(&self.slots[i as usize]))
+    }
+
+    pub fn dirty_len(&self) -> usize {
+        self.dirty.len()
+    }
+
+    pub fn clear_dirty(&mut self) {
+        for &i in &self.dirty {
+            self.slots[i as usize].flags &= !F_DIRTY;
+        }
+        self.dirty.clear();
+    }
+
+    /// Drops tombstones whose delete was committed before `cutoff_ms`.
+    /// Rebuilds the index (compacting the arenas); returns how many were dropped.
+    pub fn gc_tombstones(&mut self, cutoff_ms: i64) -> usize {
+        let expired = self
+            .slots
+            .iter()
+            .filter(|s| s.flags & F_TOMBSTONE != 0 && (s.payload as i64) < cutoff_ms)
+            .count();
+        if expired == 0 {
+            return 0;
+        }
+        let mut next = KeyIndex::with_capacity(self.slots.len() - expired, self.keys.len());
+        next.files = std::mem::take(&mut self.files);
+        for s in &self.slots {
+            if s.flags & F_TOMBSTONE != 0 && (s.payload as i64) < cutoff_ms {
+                continue;
+            }
+            let e = self.entry(s);
+            let dirty = s.flags & F_DIRTY != 0;
+            next.put(hash_key(e.key), e.key, e.seq, e.fingerprint, e.value);
+            if !dirty {
+                let i = next.slots.len() - 1;
+                next.slots[i].flags &= !F_DIRTY;
+                next.dirty.pop();
+            }
+        }
+        *self = next;
+        expired
+    }
+
+    /// Debug check of internal counters (cheap enough for tests and debug builds).
+    pub fn check_invariants(&self) {
+        let t = self
+            .slots
+            .iter()
+            .filter(|s| s.flags & F_TOMBSTONE != 0)
+            .count();
+        assert_eq!(t, self.tombstones, "tombstone counter");
+        assert_eq!(self.slots.len() - t, self.live, "live counter");
+        assert_eq!(self.table.len(), self.slots.len(), "table and slots agree");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(i: u64) -> Vec<u8> {
+        let mut v = vec![1u8];
+        v.extend_from_slice(&i.to_be_bytes());
+        v
+    }
+
+    #[test]
+    fn put_get_overwrite_and_counters() {
+        let mut ix = KeyIndex::new();
+        for i in 0..1000u64 {
+            let key = k(i);
+            ix.put(
+                hash_key(&key),
+                &key,
+                &k(i * 2),
+                i,
+                Value::Live(Some(Loc {
+                    file: 3,
+                    pos: i as u32,
+                })),
+            );
+        }
+        let key = k(7);
+        ix.put(
+            hash_key(&key),
+            &key,
+            &k(99),
+            5,
+            Value::Tombstone {
+                deleted_at_ms: 1234,
+            },
+        );
+        ix.check_invariants();
+        assert_eq!(ix.len(), 1000);
+        assert_eq!(ix.live(), 999);
+        assert_eq!(ix.tombstones(), 1);
+        let e = ix.get(&k(7)).unwrap();
+        assert_eq!(e.seq, &k(99)[..]);
+        assert_eq!(
+            e.value,
+            Value::Tombstone {
+                deleted_at_ms: 1234
+            }
+        );
+        let e = ix.get(&k(8)).unwrap();
+        assert_eq!(e.value, Value::Live(Some(Loc { file: 3, pos: 8 })));
+        assert_eq!(e.fingerprint, 8);
+        assert!(ix.get(&k(5000)).is_none());
+        assert_eq!(ix.dirty_len(), 1000);
+        ix.clear_dirty();
+        assert_eq!(ix.dirty_len(), 0);
+    }
+
+    #[test]
+    fn long_sequences_spill_and_read_back() {
+        let mut ix = KeyIndex::new();
+        let seq: Vec<u8> = (0..40).collect();
+        ix.put(hash_key(b"a"), b"a", &seq, 1, Value::Live(None));
+        let seq2: Vec<u8> = (1..41).collect();
+        ix.put(hash_key(b"a"), b"a", &seq2, 2, Value::Live(None));
+        assert_eq!(ix.get(b"a").unwrap().seq, &seq2[..]);
+        ix.put(hash_key(b"a"), b"a", b"short", 3, Value::Live(None));
+        assert_eq!(ix.get(b"a").unwrap().seq, b"short");
+    }
+
+    #[test]
+    fn gc_drops_only_expired_tombstones_and_keeps_dirty_marks() {
+        let mut ix = KeyIndex::new();
+        for i in 0..10u64 {
+            let key = k(i);
+            let v = if i % 2 == 0 {
+                Value::Tombstone {
+                    deleted_at_ms: i as i64 * 100,
+                }
+            } else {
+                Value::Live(None)
+            };
+            ix.put(hash_key(&key), &key, &k(1), 0, v);
+        }
+        ix.clear_dirty();
+        let key = k(1);
+        ix.put(hash_key(&key), &key, &k(2), 0, Value::Live(None));
+        assert_eq!(ix.gc_tombstones(450), 3); // 0, 200, 400
+        ix.check_invariants();
+        assert_eq!(ix.len(), 7);
+        assert!(ix.get(&k(0)).is_none());
+        assert!(ix.get(&k(6)).is_some());
+        assert_eq!(
+            ix.dirty().map(|e| e.key.to_vec()).collect::<Vec<_>>(),
+            vec![k(1)]
+        );
+    }
+
+    #[test]
+    fn compact_for_one_long_key() {
+        let n = 200_000u64;
+        let mut ix = KeyIndex::with_capacity(n as usize, n as usize * 9);
+        for i in 0..n {
+            let key = k(i);
+            ix.put(
+                hash_key(&key),
+                &key,
+                &k(i),
+                i,
+                Value::Live(Some(Loc {
+                    file: 0,
+                    pos: i as u32,
+                })),
+            );
+        }
+        ix.clear_dirty();
+        let bpk = ix.bytes_per_key();
+        assert!(bpk < 80.0, "bytes per key {bpk}");
+    }
+}

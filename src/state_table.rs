@@ -1,0 +1,260 @@
+//! The aux sequence-state table `<table>__autocdc_state`: the on-disk form of
+//! `state::KeyIndex`, an ordinary Iceberg table any reader can inspect.
+//!
+//! It is an append-only log of key entries: each commit appends the entries
+//! that changed, stamped with a generation; loading keeps, per key, the entry
+//! of the highest generation. When the log holds far more rows than keys, the
+//! next commit rewrites it whole (an overwrite snapshot).
+//!
+//! Columns: the key columns (typed, same names), one `__autocdc_seq_<name>`
+//! per sequence column (typed), `__autocdc_fingerprint`, `__autocdc_deleted_at_ms`
+//! (set for tombstones), `__autocdc_file` / `__autocdc_pos` (the live row's
+//! location) and `__autocdc_generation`.
+//!
+//! This module converts between the two forms; it does no I/O.
+
+use std::sync::Arc;
+
+use arrow_array::builder::{Int64Builder, StringBuilder};
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::SchemaRef;
+use iceberg::arrow::schema_to_arrow_schema;
+use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+
+use crate::error::{Error, Result};
+use crate::flow::Flow;
+use crate::resolve::Codec;
+use crate::state::{EntryRef, KeyIndex, Loc, Value, hash_key};
+
+pub const COL_FINGERPRINT: &str = "__autocdc_fingerprint";
+pub const COL_DELETED_AT: &str = "__autocdc_deleted_at_ms";
+pub const COL_FILE: &str = "__autocdc_file";
+pub const COL_POS: &str = "__autocdc_pos";
+pub const COL_GENERATION: &str = "__autocdc_generation";
+
+fn seq_col(name: &str) -> String {
+    format!("__autocdc_seq_{name}")
+}
+
+/// The Iceberg schema of the state table of `flow`.
+pub fn schema(flow: &Flow) -> Result<Schema> {
+    let mut fields = Vec::new();
+    let mut id = 0;
+    let mut next = || {
+        id += 1;
+        id
+    };
+    let src = |i: usize| -> Result<Type> {
+        let name = flow.column_name(i);
+        let c = flow
+            .config
+            .columns
+            .iter()
+            .find(|c| c.name == name)
+            .ok_or_else(|| {
+                Error::Config(format!("column {name} missing from flow {}", flow.name))
+            })?;
+        let t = crate::flow::parse_type(&c.ty)
+            .ok_or_else(|| Error::Config(format!("bad type for {name}")))?;
+        Ok(Type::Primitive(t))
+    };
+    let mut ids = Vec::new();
+    for &k in &flow.key_idx {
+        let fid = next();
+        ids.push(fid);
+        fields.push(Arc::new(NestedField::required(
+            fid,
+            flow.column_name(k),
+            src(k)?,
+        )));
+    }
+    for &s in &flow.seq_idx {
+        fields.push(Arc::new(NestedField::required(
+            next(),
+            seq_col(flow.column_name(s)),
+            src(s)?,
+        )));
+    }
+    let long = || Type::Primitive(PrimitiveType::Long);
+    fields.push(Arc::new(NestedField::required(
+        next(),
+        COL_FINGERPRINT,
+        long(),
+    )));
+    fields.push(Arc::new(NestedField::optional(
+        next(),
+        COL_DELETED_AT,
+        long(),
+    )));
+    fields.push(Arc::new(NestedField::optional(
+        next(),
+        COL_FILE,
+        Type::Primitive(PrimitiveType::String),
+    )));
+    fields.push(Arc::new(NestedField::optional(next(), COL_POS, long())));
+    fields.push(Arc::new(NestedField::required(
+        next(),
+        COL_GENERATION,
+        long(),
+    )));
+    Ok(Schema::builder()
+        .with_schema_id(0)
+        .with_fields(fields)
+        .with_identifier_field_ids(ids)
+        .build()?)
+}
+
+pub fn arrow_schema(flow: &Flow) -> Result<SchemaRef> {
+    Ok(Arc::new(schema_to_arrow_schema(&schema(flow)?)?))
+}
+
+/// Encodes `entries` as one batch of the state table, stamped `generation`.
+pub fn to_batch<'a>(
+    flow: &Flow,
+    codec: &Codec,
+    state: &KeyIndex,
+    entries: impl Iterator<Item = EntryRef<'a>>,
+    generation: i64,
+) -> Result<RecordBatch> {
+    let schema = arrow_schema(flow)?;
+    let key_parser = codec.keys.parser();
+    let seq_parser = codec.seqs.parser();
+    let mut key_rows = Vec::new();
+    let mut seq_rows = Vec::new();
+    let mut fp = Int64Builder::new();
+    let mut deleted = Int64Builder::new();
+    let mut file = StringBuilder::new();
+    let mut pos = Int64Builder::new();
+    let mut n = 0;
+    for e in entries {
+        key_rows.push(key_parser.parse(e.key));
+        seq_rows.push(seq_parser.parse(e.seq));
+        fp.append_value(e.fingerprint as i64);
+        match e.value {
+            Value::Tombstone { deleted_at_ms } => {
+                deleted.append_value(deleted_at_ms);
+                file.append_null();
+                pos.append_null();
+            }
+            Value::Live(loc) => {
+                deleted.append_null();
+                match loc {
+                    Some(l) => {
+                        file.append_value(state.files.path(l.file));
+                        pos.append_value(l.pos as i64);
+                    }
+                    None => {
+                        file.append_null();
+                        pos.append_null();
+                    }
+                }
+            }
+        }
+        n += 1;
+    }
+    let mut cols: Vec<ArrayRef> = codec.keys.convert_rows(key_rows)?;
+    cols.extend(codec.seqs.convert_rows(seq_rows)?);
+    cols.push(Arc::new(fp.finish()));
+    cols.push(Arc::new(deleted.finish()));
+    cols.push(Arc::new(file.finish()));
+    cols.push(Arc::new(pos.finish()));
+    cols.push(Arc::new(arrow_array::Int64Array::from(vec![generation; n])));
+    // The row converter gives back the source types, which match the schema's.
+    let cols = cols
+        .into_iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c)
+            } else {
+                arrow_cast::cast(&c, f.data_type())
+            }
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(schema, cols)?)
+}
+
+/// Loads state-table batches into `state`: per key the entry of the highest
+/// generation wins. Returns the number of rows read.
+pub fn load(
+    flow: &Flow,
+    codec: &Codec,
+    state: &mut KeyIndex,
+    batches: &[RecordBatch],
+) -> Result<usize> {
+    let nk = flow.key_idx.len();
+    let ns = flow.seq_idx.len();
+    // Order all rows by generation so that later entries overwrite earlier ones.
+    let mut order: Vec<(i64, usize, usize)> = Vec::new();
+    for (b, batch) in batches.iter().enumerate() {
+        let g = column(batch, COL_GENERATION)?
+            .as_primitive::<Int64Type>()
+            .clone();
+        for r in 0..batch.num_rows() {
+            order.push((g.value(r), b, r));
+        }
+    }
+    order.sort_unstable();
+    let mut encoded = Vec::with_capacity(batches.len());
+    let cast_to = |cols: &[ArrayRef], idx: &[usize]| -> Result<Vec<ArrayRef>> {
+        cols.iter()
+            .zip(idx)
+            .map(|(c, &i)| Ok(arrow_cast::cast(c, flow.source_arrow.field(i).data_type())?))
+            .collect()
+    };
+    for batch in batches {
+        let keys = codec
+            .keys
+            .convert_columns(&cast_to(&batch.columns()[..nk], &flow.key_idx)?)?;
+        let seqs = codec
+            .seqs
+            .convert_columns(&cast_to(&batch.columns()[nk..nk + ns], &flow.seq_idx)?)?;
+        let fp = column(batch, COL_FINGERPRINT)?
+            .as_primitive::<Int64Type>()
+            .clone();
+        let del = column(batch, COL_DELETED_AT)?
+            .as_primitive::<Int64Type>()
+            .clone();
+        let file = column(batch, COL_FILE)?.as_string::<i32>().clone();
+        let pos = column(batch, COL_POS)?.as_primitive::<Int64Type>().clone();
+        encoded.push((keys, seqs, fp, del, file, pos));
+    }
+    for &(_, b, r) in &order {
+        let (keys, seqs, fp, del, file, pos) = &encoded[b];
+        let value = if del.is_valid(r) {
+            Value::Tombstone {
+                deleted_at_ms: del.value(r),
+            }
+        } else if file.is_valid(r) && pos.is_valid(r) {
+            let id = state.files.intern(file.value(r));
+            let p = u32::try_from(pos.value(r)).map_err(|_| Error::State {
+                code: "AUTOCDC_INVALID_STATE.POSITION",
+                message: format!("state row position {} out of range", pos.value(r)),
+            })?;
+            Value::Live(Some(Loc { file: id, pos: p }))
+        } else {
+            Value::Live(None)
+        };
+        let k = keys.row(r);
+        state.put(
+            hash_key(k.as_ref()),
+            k.as_ref(),
+            seqs.row(r).as_ref(),
+            fp.value(r) as u64,
+            value,
+        );
+    }
+    state.clear_dirty();
+    Ok(order.len())
+}
+
+fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
+    batch.column_by_name(name).ok_or_else(|| Error::State {
+        code: "AUTOCDC_INVALID_STATE.STATE_SCHEMA",
+        message: format!(
+            "the state table has no column `{name}`; it was not written by this version of autocdc"
+        ),
+    })
+}

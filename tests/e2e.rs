@@ -1,0 +1,348 @@
+//! The battery, properties and crash recovery through the real write path:
+//! Parquet data and delete files, our snapshot producer, the Hadoop catalog
+//! on local disk, and the state table; read back with iceberg-rust's scan.
+//!
+//! With `AUTOCDC_E2E_OUT=DIR`, the battery tables are left in `DIR/warehouse`
+//! and their expected rows in `DIR/expected/*.json`, for the independent
+//! readers in `integration/readers.py`.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use autocdc::catalog::Catalog;
+use autocdc::catalog::hadoop::HadoopCatalog;
+use autocdc::engine::Engine;
+use autocdc::fault::{FaultPoint, Faults};
+use autocdc::flow::Flow;
+use common::*;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn catalog(dir: &std::path::Path, faults: Arc<Faults>) -> Arc<dyn Catalog> {
+    Arc::new(HadoopCatalog::new(dir.to_str().unwrap(), faults).unwrap())
+}
+
+fn flow_for(target: &str) -> Flow {
+    let mut cfg = customers_config();
+    cfg.name = target.replace('.', "_");
+    cfg.target = target.to_string();
+    Flow::new(cfg).unwrap()
+}
+
+async fn table_rows(engine: &Engine) -> BTreeSet<Vec<String>> {
+    let batches = engine.scan_target().await.unwrap();
+    let mut out = BTreeSet::new();
+    for b in &batches {
+        for r in render_all(b) {
+            assert!(out.insert(r.clone()), "row {r:?} read twice");
+        }
+    }
+    out
+}
+
+fn e2e_out() -> Option<PathBuf> {
+    std::env::var_os("AUTOCDC_E2E_OUT").map(PathBuf::from)
+}
+
+#[test]
+fn battery_through_the_hadoop_catalog_with_restarts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = e2e_out();
+    let wh = out
+        .as_ref()
+        .map(|o| o.join("warehouse"))
+        .unwrap_or_else(|| tmp.path().to_path_buf());
+    let rt = rt();
+    rt.block_on(async {
+        for (n, case) in cases::all().into_iter().enumerate() {
+            let target = format!("battery.case{n:02}");
+            let flow = flow_for(&target);
+            let cat = catalog(&wh, Arc::new(Faults::default()));
+            cat.drop_table(&flow.target).await.unwrap();
+            cat.drop_table(&flow.state_ident()).await.unwrap();
+            for (i, evs) in case.batches.iter().enumerate() {
+                // A fresh engine (and catalog) for every batch: a restart each time.
+                let mut engine = Engine::open(
+                    flow.clone(),
+                    catalog(&wh, Arc::new(Faults::default())),
+                    Arc::new(Faults::default()),
+                )
+                .await
+                .unwrap();
+                engine
+                    .apply(&batch(&flow, evs), 1_000 + i as i64)
+                    .await
+                    .unwrap();
+            }
+            let engine = Engine::open(flow.clone(), cat.clone(), Arc::new(Faults::default()))
+                .await
+                .unwrap();
+            assert_eq!(
+                table_rows(&engine).await,
+                case.expected,
+                "case `{}`",
+                case.name
+            );
+            if let Some(o) = &out {
+                let dir = o.join("expected");
+                std::fs::create_dir_all(&dir).unwrap();
+                let json = serde_json::json!({
+                    "name": case.name,
+                    "metadata": engine.target().metadata_location,
+                    "columns": ["id", "city", "seq"],
+                    "rows": case.expected.iter().collect::<Vec<_>>(),
+                });
+                std::fs::write(dir.join(format!("case{n:02}.json")), json.to_string()).unwrap();
+            }
+        }
+    });
+}
+
+#[test]
+fn rows_autocdc_wrote_are_removed_by_position_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = rt();
+    rt.block_on(async {
+        let flow = flow_for("pos.only");
+        let cat = catalog(tmp.path(), Arc::new(Faults::default()));
+        let mut engine = Engine::open(flow.clone(), cat.clone(), Arc::new(Faults::default()))
+            .await
+            .unwrap();
+        engine
+            .apply(
+                &batch(&flow, &[u(1, "A", 1), u(2, "B", 1), u(3, "C", 1)]),
+                1,
+            )
+            .await
+            .unwrap();
+        let r = engine
+            .apply(&batch(&flow, &[u(1, "A2", 2), d(2, 2)]), 2)
+            .await
+            .unwrap();
+        assert_eq!(r.stats.removed_by_position, 2);
+        assert_eq!(r.stats.removed_by_key, 0);
+        let s = engine
+            .target()
+            .metadata
+            .current_snapshot()
+            .unwrap()
+            .summary()
+            .additional_properties
+            .clone();
+        assert_eq!(
+            s.get("added-position-deletes").map(String::as_str),
+            Some("2")
+        );
+        assert_eq!(
+            s.get("total-equality-deletes").map(String::as_str),
+            Some("0")
+        );
+        assert_eq!(s.get("total-records").map(String::as_str), Some("4"));
+        assert_eq!(s.get("total-data-files").map(String::as_str), Some("2"));
+        assert_eq!(
+            table_rows(&engine).await,
+            rows(&[&["1", "A2", "2"], &["3", "C", "1"]])
+        );
+        // The metadata of the target says merge-on-read and format v2, and keys are identifier fields.
+        let m = &engine.target().metadata;
+        assert_eq!(m.format_version(), iceberg::spec::FormatVersion::V2);
+        assert_eq!(
+            m.properties().get("write.delete.mode").map(String::as_str),
+            Some("merge-on-read")
+        );
+        assert_eq!(
+            m.current_schema()
+                .identifier_field_ids()
+                .collect::<Vec<_>>(),
+            vec![1]
+        );
+        // The layout is Iceberg Java's HadoopCatalog's.
+        let meta = tmp.path().join("pos/only/metadata");
+        assert_eq!(
+            std::fs::read_to_string(meta.join("version-hint.text")).unwrap(),
+            "3"
+        );
+        assert!(meta.join("v3.metadata.json").exists());
+    });
+}
+
+#[test]
+fn a_batch_that_changes_nothing_commits_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let flow = flow_for("noop.t");
+        let cat = catalog(tmp.path(), Arc::new(Faults::default()));
+        let mut engine = Engine::open(flow.clone(), cat.clone(), Arc::new(Faults::default()))
+            .await
+            .unwrap();
+        let first = engine
+            .apply(&batch(&flow, &[u(1, "A", 5)]), 1)
+            .await
+            .unwrap();
+        let again = engine
+            .apply(&batch(&flow, &[u(1, "A", 5), u(1, "old", 2)]), 2)
+            .await
+            .unwrap();
+        assert!(first.snapshot_id.is_some());
+        assert_eq!(again.snapshot_id, None);
+        assert_eq!((again.stats.duplicates, again.stats.stale), (1, 1));
+        assert_eq!(
+            engine.target().metadata.current_snapshot_id(),
+            first.snapshot_id
+        );
+    });
+}
+
+#[test]
+fn changed_keys_are_rejected_as_key_schema_drift() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let flow = flow_for("drift.t");
+        let cat = catalog(tmp.path(), Arc::new(Faults::default()));
+        Engine::open(flow.clone(), cat.clone(), Arc::new(Faults::default()))
+            .await
+            .unwrap();
+        let mut cfg = flow.config.clone();
+        cfg.keys = vec!["city".into()];
+        let e = Engine::open(
+            Flow::new(cfg).unwrap(),
+            cat.clone(),
+            Arc::new(Faults::default()),
+        )
+        .await
+        .err()
+        .unwrap();
+        assert_eq!(e.code(), autocdc::error::codes::KEY_SCHEMA_DRIFT);
+        assert!(e.to_string().contains("refresh --full"), "{e}");
+    });
+}
+
+/// A crash at each step of the commit protocol, then a restart that applies
+/// the same input again: the table equals the oracle, nothing lost or doubled.
+#[test]
+fn crash_at_every_commit_step_then_reapply_gives_the_oracle() {
+    let flow = flow_for("crash.t");
+    let inputs: Vec<Vec<Ev>> = vec![
+        vec![u(1, "Leeds", 1), u(2, "York", 2), u(3, "Hull", 1)],
+        vec![u(1, "Bath", 5), d(2, 6), u(4, "Derby", 1)],
+        vec![u(1, "Hull", 3), u(2, "Derby", 4), d(3, 9), u(5, "Ely", 2)],
+        vec![u(3, "Back", 10), u(4, "Derby", 1), d(5, 1)],
+    ];
+    let arrow: Vec<RecordBatch> = inputs.iter().map(|b| batch(&flow, b)).collect();
+    let expected = oracle(&flow, &arrow);
+    let rt = rt();
+    for point in FaultPoint::ALL {
+        for crash_batch in 0..arrow.len() {
+            let tmp = tempfile::tempdir().unwrap();
+            rt.block_on(async {
+                let faults = Arc::new(Faults::default());
+                let cat = catalog(tmp.path(), faults.clone());
+                let mut engine = Engine::open(flow.clone(), cat.clone(), faults.clone())
+                    .await
+                    .unwrap();
+                let mut crashed = false;
+                for (i, b) in arrow.iter().enumerate() {
+                    if i == crash_batch {
+                        faults.arm(point, 0);
+                    }
+                    match engine.apply(b, 100 + i as i64).await {
+                        Ok(_) => {}
+                        Err(autocdc::Error::InjectedFault(p)) => {
+                            assert_eq!(p, point);
+                            crashed = true;
+                            break;
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                assert!(crashed, "{point:?} at batch {crash_batch} never fired");
+                drop(engine);
+                // Restart on the same warehouse and re-send everything.
+                let cat = catalog(tmp.path(), Arc::new(Faults::default()));
+                let mut engine = Engine::open(flow.clone(), cat, Arc::new(Faults::default()))
+                    .await
+                    .unwrap();
+                for (i, b) in arrow.iter().enumerate() {
+                    engine.apply(b, 200 + i as i64).await.unwrap();
+                }
+                assert_eq!(
+                    table_rows(&engine).await,
+                    expected,
+                    "crash at {point:?} in batch {crash_batch}"
+                );
+                let live = engine.summary().live;
+                assert_eq!(live, expected.len());
+            });
+        }
+    }
+}
+
+/// The property test again, through the real catalog (fewer cases: it writes files).
+#[test]
+fn random_batchings_through_the_catalog_match_the_oracle() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let rt = rt();
+    let mut runner = TestRunner::new(Config {
+        cases: 24,
+        ..Config::default()
+    });
+    let strategy = (
+        prop::collection::vec((0i64..4, any::<bool>(), 0usize..3, 0i64..5), 1..25),
+        prop::collection::vec(any::<bool>(), 25),
+        prop::collection::vec(any::<bool>(), 25),
+    );
+    runner
+        .run(&strategy, |(changes, cuts, restarts)| {
+            let cities = ["Leeds", "York", "Bath"];
+            let flow = flow_for("prop.t");
+            let evs: Vec<Ev> = changes
+                .iter()
+                .map(|&(k, del, c, s)| if del { d(k, s) } else { u(k, cities[c], s) })
+                .collect();
+            let mut batches: Vec<Vec<Ev>> = vec![Vec::new()];
+            for (i, e) in evs.iter().enumerate() {
+                batches.last_mut().unwrap().push(*e);
+                if cuts[i] && i + 1 < evs.len() {
+                    batches.push(Vec::new());
+                }
+            }
+            let arrow: Vec<RecordBatch> = batches.iter().map(|b| batch(&flow, b)).collect();
+            let tmp = tempfile::tempdir().unwrap();
+            let got = rt.block_on(async {
+                let mut engine = Engine::open(
+                    flow.clone(),
+                    catalog(tmp.path(), Arc::new(Faults::default())),
+                    Arc::new(Faults::default()),
+                )
+                .await
+                .unwrap();
+                for (i, b) in arrow.iter().enumerate() {
+                    engine.apply(b, i as i64).await.unwrap();
+                    if restarts[i] {
+                        engine = Engine::open(
+                            flow.clone(),
+                            catalog(tmp.path(), Arc::new(Faults::default())),
+                            Arc::new(Faults::default()),
+                        )
+                        .await
+                        .unwrap();
+                    }
+                }
+                table_rows(&engine).await
+            });
+            prop_assert_eq!(got, oracle(&flow, &arrow));
+            Ok(())
+        })
+        .unwrap();
+}
