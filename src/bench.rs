@@ -191,12 +191,20 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let mut engine =
         Engine::open(flow.clone(), catalog.clone(), Arc::new(Faults::default())).await?;
     let mut latencies = Vec::new();
+    let mut phases = crate::engine::Timings::default();
+    let mut read_ms = 0.0;
     let (mut data_files, mut delete_files, mut bytes) = (0, 0, 0);
     let started = Instant::now();
     for f in &files {
         let t = Instant::now();
         let b = input::read_file(&flow, f)?;
+        read_ms += t.elapsed().as_secs_f64() * 1e3;
         let r = engine.apply(&b, now_ms()).await?;
+        phases.resolve_ms += r.timings.resolve_ms;
+        phases.target_files_ms += r.timings.target_files_ms;
+        phases.state_apply_ms += r.timings.state_apply_ms;
+        phases.state_file_ms += r.timings.state_file_ms;
+        phases.commits_ms += r.timings.commits_ms;
         latencies.push(t.elapsed().as_secs_f64());
         data_files += r.data_files;
         delete_files += r.delete_files;
@@ -209,6 +217,15 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         "end to end: {:.2} s, {:.0} events/s",
         secs,
         args.events as f64 / secs
+    );
+    println!(
+        "time by phase (ms, all batches): read Parquet {:.0}, resolve {:.0}, target files {:.0}, state apply {:.0}, state file {:.0}, commits {:.0}",
+        read_ms,
+        phases.resolve_ms,
+        phases.target_files_ms,
+        phases.state_apply_ms,
+        phases.state_file_ms,
+        phases.commits_ms
     );
     println!(
         "per-batch latency: p50 {:.0} ms, max {:.0} ms ({} events per batch)",

@@ -54,6 +54,24 @@ pub struct CommitReport {
     pub input_offset: i64,
     pub tombstones_collected: usize,
     pub state_compacted: bool,
+    /// Wall time of each phase, in milliseconds.
+    pub timings: Timings,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Timings {
+    pub resolve_ms: f64,
+    pub target_files_ms: f64,
+    pub state_apply_ms: f64,
+    pub state_file_ms: f64,
+    pub commits_ms: f64,
+}
+
+fn ms_since(t: &mut std::time::Instant) -> f64 {
+    let now = std::time::Instant::now();
+    let ms = (now - *t).as_secs_f64() * 1e3;
+    *t = now;
+    ms
 }
 
 /// The key state as a user sees it (`autocdc state`).
@@ -288,6 +306,7 @@ impl Engine {
                 ),
             });
         }
+        let mut clock = std::time::Instant::now();
         let res = resolve::resolve(
             &self.flow,
             &self.codec,
@@ -300,6 +319,7 @@ impl Engine {
             input_offset: self.input_offset,
             ..Default::default()
         };
+        report.timings.resolve_ms = ms_since(&mut clock);
         if res.changes.is_empty() {
             return Ok(report);
         }
@@ -367,6 +387,7 @@ impl Engine {
             .await?,
         );
         self.faults.hit(FaultPoint::AfterTargetFiles)?;
+        report.timings.target_files_ms = ms_since(&mut clock);
 
         // 2. The new state, and its delta in the state table.
         resolve::apply(&mut self.state, &res, &locs, now_ms);
@@ -392,6 +413,7 @@ impl Engine {
                 generation,
             )?
         };
+        report.timings.state_apply_ms = ms_since(&mut clock);
         let smeta = self.state_tbl.metadata.clone();
         let delta = RecordBatch::try_new(
             Arc::new(schema_to_arrow_schema(smeta.current_schema())?),
@@ -407,6 +429,7 @@ impl Engine {
         )
         .await?;
         self.faults.hit(FaultPoint::AfterStateFile)?;
+        report.timings.state_file_ms = ms_since(&mut clock);
         let produced = snapshot::produce(
             &file_io,
             &self.state_tbl,
@@ -468,6 +491,7 @@ impl Engine {
             .commit(&self.target, produced.updates, produced.requirements)
             .await?;
         self.faults.hit(FaultPoint::AfterTargetCommit)?;
+        report.timings.commits_ms = ms_since(&mut clock);
 
         self.state_log_rows = if compact {
             delta.num_rows() as u64
