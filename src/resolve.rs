@@ -20,7 +20,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::error::{Error, Result, codes};
 use crate::flow::{Flow, TiePolicy};
-use crate::state::{KeyIndex, Loc, Value, hash_key};
+use crate::state::{KeyIndex, Loc, Value, eq_bytes, hash_key};
 
 /// Row encoders for one flow: keys, sequences and whole changes.
 #[derive(Debug)]
@@ -98,6 +98,8 @@ pub enum ChangeKind {
 pub struct Change {
     pub row: u32,
     pub kind: ChangeKind,
+    /// The key's slot in the state when it was resolved (a lookup hint).
+    pub slot: Option<u32>,
 }
 
 /// The outcome of resolving one batch against the state.
@@ -204,7 +206,7 @@ pub fn resolve(
     let mut winners: HashTable<u32> = HashTable::with_capacity(n);
     for i in 0..n {
         let (h, k, s, fp) = (hashes[i], keys.row(i), seqs.row(i), fingerprints[i]);
-        match winners.find_mut(h, |&w| keys.row(w as usize) == k) {
+        match winners.find_mut(h, |&w| eq_bytes(keys.row(w as usize).as_ref(), k.as_ref())) {
             None => {
                 winners.insert_unique(h, i as u32, |&w| hashes[w as usize]);
             }
@@ -281,11 +283,13 @@ pub fn resolve(
             remove_keys.push(r);
             stats.removed_by_key += 1;
         }
+        let slot = current.map(|e| e.slot);
         if deleted(i) {
             stats.deletes += 1;
             changes.push(Change {
                 row: r,
                 kind: ChangeKind::Delete,
+                slot,
             });
         } else {
             stats.upserts += 1;
@@ -294,6 +298,7 @@ pub fn resolve(
                 kind: ChangeKind::Upsert {
                     ordinal: inserts.len() as u32,
                 },
+                slot,
             });
             inserts.push(r);
         }
@@ -346,13 +351,8 @@ pub fn apply(state: &mut KeyIndex, res: &Resolution, locs: &[Loc], now_ms: i64) 
             },
         };
         let (k, s) = (res.keys.row(i), res.seqs.row(i));
-        debug_assert!(
-            state
-                .get_hashed(res.hashes[i], k.as_ref())
-                .is_none_or(|e| e.seq <= s.as_ref()),
-            "sequence must not go backwards for a key"
-        );
-        state.put(
+        state.put_hinted(
+            c.slot,
             res.hashes[i],
             k.as_ref(),
             s.as_ref(),

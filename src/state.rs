@@ -41,6 +41,8 @@ pub enum Value {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EntryRef<'a> {
+    /// Where the entry sits: a hint for `put` right after a lookup.
+    pub slot: u32,
     pub key: &'a [u8],
     pub seq: &'a [u8],
     pub fingerprint: u64,
@@ -59,6 +61,91 @@ struct Slot {
     fingerprint: u64,
     /// `file << 32 | pos` for a live row with a location; the delete time for a tombstone.
     payload: u64,
+}
+
+/// Slots in fixed-size chunks: growth never copies or doubles the whole array,
+/// so capacity stays within one chunk of the length.
+const SLOT_CHUNK_SHIFT: u32 = 13;
+const SLOT_CHUNK: usize = 1 << SLOT_CHUNK_SHIFT;
+
+#[derive(Default, Clone)]
+struct Slots {
+    chunks: Vec<Vec<Slot>>,
+    len: usize,
+}
+
+impl Slots {
+    #[inline]
+    fn get(&self, i: u32) -> &Slot {
+        &self.chunks[(i >> SLOT_CHUNK_SHIFT) as usize][i as usize & (SLOT_CHUNK - 1)]
+    }
+
+    #[inline]
+    fn get_mut(&mut self, i: u32) -> &mut Slot {
+        &mut self.chunks[(i >> SLOT_CHUNK_SHIFT) as usize][i as usize & (SLOT_CHUNK - 1)]
+    }
+
+    fn push(&mut self, slot: Slot) -> u32 {
+        if self.len % SLOT_CHUNK == 0 {
+            self.chunks.push(Vec::with_capacity(SLOT_CHUNK));
+        }
+        let i = u32::try_from(self.len).expect("more than 4 billion keys");
+        self.chunks.last_mut().expect("a chunk").push(slot);
+        self.len += 1;
+        i
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Slot> + '_ {
+        self.chunks.iter().flatten()
+    }
+
+    fn bytes(&self) -> usize {
+        self.chunks
+            .iter()
+            .map(|c| c.capacity() * std::mem::size_of::<Slot>())
+            .sum()
+    }
+}
+
+/// Key bytes in 1 MiB chunks, addressed by `chunk << 20 | offset`.
+const ARENA_CHUNK_SHIFT: u32 = 20;
+const ARENA_CHUNK: usize = 1 << ARENA_CHUNK_SHIFT;
+
+#[derive(Default, Clone)]
+struct Arena {
+    chunks: Vec<Vec<u8>>,
+}
+
+impl Arena {
+    fn push(&mut self, bytes: &[u8]) -> u32 {
+        debug_assert!(bytes.len() <= u16::MAX as usize);
+        if self
+            .chunks
+            .last()
+            .is_none_or(|c| c.len() + bytes.len() > ARENA_CHUNK)
+        {
+            assert!(
+                self.chunks.len() < 1 << (32 - ARENA_CHUNK_SHIFT),
+                "key arena above 4 GiB"
+            );
+            self.chunks.push(Vec::with_capacity(ARENA_CHUNK));
+        }
+        let c = self.chunks.len() - 1;
+        let chunk = &mut self.chunks[c];
+        let off = chunk.len();
+        chunk.extend_from_slice(bytes);
+        ((c as u32) << ARENA_CHUNK_SHIFT) | off as u32
+    }
+
+    #[inline]
+    fn get(&self, at: u32, len: u16) -> &[u8] {
+        let off = at as usize & (ARENA_CHUNK - 1);
+        &self.chunks[(at >> ARENA_CHUNK_SHIFT) as usize][off..off + len as usize]
+    }
+
+    fn bytes(&self) -> usize {
+        self.chunks.iter().map(|c| c.capacity()).sum()
+    }
 }
 
 /// Interned data file paths, so each key stores a 4-byte file id.
@@ -98,23 +185,42 @@ impl FileTable {
 #[derive(Default, Clone)]
 pub struct KeyIndex {
     table: HashTable<u32>,
-    slots: Vec<Slot>,
-    keys: Vec<u8>,
+    slots: Slots,
+    keys: Arena,
     spill: Vec<u8>,
     pub files: FileTable,
     live: usize,
     tombstones: usize,
     dirty: Vec<u32>,
+    /// No tombstone is older than this (a lower bound; `None` when there are none),
+    /// so that a commit with nothing to collect does not scan the index.
+    oldest_tombstone_ms: Option<i64>,
 }
 
 impl std::fmt::Debug for KeyIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeyIndex")
-            .field("keys", &self.slots.len())
+            .field("keys", &self.slots.len)
             .field("live", &self.live)
             .field("tombstones", &self.tombstones)
             .finish()
     }
+}
+
+/// Equality for short byte strings without a call into `memcmp`.
+#[inline]
+pub fn eq_bytes(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    if a.len() <= 16 {
+        let mut x = [0u8; 16];
+        let mut y = [0u8; 16];
+        x[..a.len()].copy_from_slice(a);
+        y[..b.len()].copy_from_slice(b);
+        return u128::from_ne_bytes(x) == u128::from_ne_bytes(y);
+    }
+    a == b
 }
 
 pub fn hash_key(key: &[u8]) -> u64 {
@@ -126,22 +232,20 @@ impl KeyIndex {
         Self::default()
     }
 
-    pub fn with_capacity(keys: usize, key_bytes: usize) -> Self {
+    pub fn with_capacity(keys: usize) -> Self {
         KeyIndex {
             table: HashTable::with_capacity(keys),
-            slots: Vec::with_capacity(keys),
-            keys: Vec::with_capacity(key_bytes),
             ..Default::default()
         }
     }
 
     /// Number of keys held (live rows plus tombstones).
     pub fn len(&self) -> usize {
-        self.slots.len()
+        self.slots.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.slots.len == 0
     }
 
     pub fn live(&self) -> usize {
@@ -161,8 +265,8 @@ impl KeyIndex {
             (self.table.capacity() * 8 / 7).next_power_of_two()
         };
         buckets * (std::mem::size_of::<u32>() + 1)
-            + self.slots.capacity() * std::mem::size_of::<Slot>()
-            + self.keys.capacity()
+            + self.slots.bytes()
+            + self.keys.bytes()
             + self.spill.capacity()
             + self.dirty.capacity() * 4
             + self.files.paths.iter().map(|p| p.len() + 48).sum::<usize>()
@@ -177,7 +281,7 @@ impl KeyIndex {
     }
 
     fn slot_key(&self, s: &Slot) -> &[u8] {
-        &self.keys[s.key_off as usize..s.key_off as usize + s.key_len as usize]
+        self.keys.get(s.key_off, s.key_len)
     }
 
     fn slot_seq<'a>(&'a self, s: &'a Slot) -> &'a [u8] {
@@ -190,7 +294,7 @@ impl KeyIndex {
         }
     }
 
-    fn entry<'a>(&'a self, s: &'a Slot) -> EntryRef<'a> {
+    fn entry<'a>(&'a self, slot: u32, s: &'a Slot) -> EntryRef<'a> {
         let value = if s.flags & F_TOMBSTONE != 0 {
             Value::Tombstone {
                 deleted_at_ms: s.payload as i64,
@@ -204,6 +308,7 @@ impl KeyIndex {
             Value::Live(None)
         };
         EntryRef {
+            slot,
             key: self.slot_key(s),
             seq: self.slot_seq(s),
             fingerprint: s.fingerprint,
@@ -213,7 +318,7 @@ impl KeyIndex {
 
     fn find(&self, hash: u64, key: &[u8]) -> Option<u32> {
         self.table
-            .find(hash, |&i| self.slot_key(&self.slots[i as usize]) == key)
+            .find(hash, |&i| eq_bytes(self.slot_key(self.slots.get(i)), key))
             .copied()
     }
 
@@ -223,11 +328,11 @@ impl KeyIndex {
 
     pub fn get_hashed(&self, hash: u64, key: &[u8]) -> Option<EntryRef<'_>> {
         self.find(hash, key)
-            .map(|i| self.entry(&self.slots[i as usize]))
+            .map(|i| self.entry(i, self.slots.get(i)))
     }
 
-    fn set_seq(&mut self, idx: usize, seq: &[u8]) {
-        let s = &mut self.slots[idx];
+    fn set_seq(&mut self, idx: u32, seq: &[u8]) {
+        let s = self.slots.get_mut(idx);
         if seq.len() <= SEQ_INLINE {
             s.seq[..seq.len()].copy_from_slice(seq);
             s.seq_len = seq.len() as u8;
@@ -244,22 +349,46 @@ impl KeyIndex {
 
     /// Inserts or overwrites the entry of `key`. Marks it dirty (to persist).
     pub fn put(&mut self, hash: u64, key: &[u8], seq: &[u8], fingerprint: u64, value: Value) {
-        let idx = match self.find(hash, key) {
+        self.put_hinted(None, hash, key, seq, fingerprint, value)
+    }
+
+    /// `put` with the slot a lookup just returned (checked, so a stale hint is harmless).
+    pub fn put_hinted(
+        &mut self,
+        hint: Option<u32>,
+        hash: u64,
+        key: &[u8],
+        seq: &[u8],
+        fingerprint: u64,
+        value: Value,
+    ) {
+        let found = match hint {
+            Some(i)
+                if (i as usize) < self.slots.len
+                    && eq_bytes(self.slot_key(self.slots.get(i)), key) =>
+            {
+                Some(i)
+            }
+            _ => self.find(hash, key),
+        };
+        let idx = match found {
             Some(i) => {
-                let s = &self.slots[i as usize];
+                let s = self.slots.get(i);
+                debug_assert!(
+                    self.slot_seq(s) <= seq,
+                    "sequence must not go backwards for a key"
+                );
                 if s.flags & F_TOMBSTONE != 0 {
                     self.tombstones -= 1;
                 } else {
                     self.live -= 1;
                 }
-                i as usize
+                i
             }
             None => {
                 assert!(key.len() <= u16::MAX as usize, "key longer than 64 KiB");
-                let off = u32::try_from(self.keys.len()).expect("key arena above 4 GiB");
-                self.keys.extend_from_slice(key);
-                let i = self.slots.len() as u32;
-                self.slots.push(Slot {
+                let off = self.keys.push(key);
+                let i = self.slots.push(Slot {
                     key_off: off,
                     key_len: key.len() as u16,
                     seq_len: 0,
@@ -270,14 +399,14 @@ impl KeyIndex {
                 });
                 let (slots, keys) = (&self.slots, &self.keys);
                 self.table.insert_unique(hash, i, |&j| {
-                    let s = &slots[j as usize];
-                    hash_key(&keys[s.key_off as usize..s.key_off as usize + s.key_len as usize])
+                    let s = slots.get(j);
+                    hash_key(keys.get(s.key_off, s.key_len))
                 });
-                i as usize
+                i
             }
         };
         self.set_seq(idx, seq);
-        let s = &mut self.slots[idx];
+        let s = self.slots.get_mut(idx);
         s.fingerprint = fingerprint;
         let was_dirty = s.flags & F_DIRTY != 0;
         s.flags &= F_SPILLED;
@@ -296,22 +425,27 @@ impl KeyIndex {
                 s.flags |= F_TOMBSTONE;
                 s.payload = deleted_at_ms as u64;
                 self.tombstones += 1;
+                self.oldest_tombstone_ms = Some(
+                    self.oldest_tombstone_ms
+                        .map_or(deleted_at_ms, |o| o.min(deleted_at_ms)),
+                );
             }
         }
         if !was_dirty {
-            self.dirty.push(idx as u32);
+            self.dirty.push(idx);
         }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = EntryRef<'_>> + '_ {
-        self.slots.iter().map(|s| self.entry(s))
+        self.slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| self.entry(i as u32, s))
     }
 
     /// Entries changed since the last `clear_dirty`.
     pub fn dirty(&self) -> impl Iterator<Item = EntryRef<'_>> + '_ {
-        self.dirty
-            .iter()
-            .map(|&i| self.entry(&self.slots[i as usize]))
+        self.dirty.iter().map(|&i| self.entry(i, self.slots.get(i)))
     }
 
     pub fn dirty_len(&self) -> usize {
@@ -320,34 +454,48 @@ impl KeyIndex {
 
     pub fn clear_dirty(&mut self) {
         for &i in &self.dirty {
-            self.slots[i as usize].flags &= !F_DIRTY;
+            self.slots.get_mut(i).flags &= !F_DIRTY;
         }
         self.dirty.clear();
+        // A large load leaves a large dirty list behind; don't keep its memory.
+        if self.dirty.capacity() > 4096 && self.dirty.capacity() > self.slots.len / 8 {
+            self.dirty.shrink_to(1024);
+        }
     }
 
     /// Drops tombstones whose delete was committed before `cutoff_ms`.
     /// Rebuilds the index (compacting the arenas); returns how many were dropped.
+    /// Costs nothing when no tombstone can have expired; otherwise one pass.
     pub fn gc_tombstones(&mut self, cutoff_ms: i64) -> usize {
-        let expired = self
-            .slots
-            .iter()
-            .filter(|s| s.flags & F_TOMBSTONE != 0 && (s.payload as i64) < cutoff_ms)
-            .count();
-        if expired == 0 {
+        if self.oldest_tombstone_ms.is_none_or(|o| o >= cutoff_ms) {
             return 0;
         }
-        let mut next = KeyIndex::with_capacity(self.slots.len() - expired, self.keys.len());
+        let mut expired = 0;
+        let mut oldest: Option<i64> = None;
+        for s in self.slots.iter().filter(|s| s.flags & F_TOMBSTONE != 0) {
+            let t = s.payload as i64;
+            if t < cutoff_ms {
+                expired += 1;
+            } else {
+                oldest = Some(oldest.map_or(t, |o| o.min(t)));
+            }
+        }
+        if expired == 0 {
+            self.oldest_tombstone_ms = oldest;
+            return 0;
+        }
+        let mut next = KeyIndex::with_capacity(self.slots.len - expired);
         next.files = std::mem::take(&mut self.files);
-        for s in &self.slots {
+        for s in self.slots.iter() {
             if s.flags & F_TOMBSTONE != 0 && (s.payload as i64) < cutoff_ms {
                 continue;
             }
-            let e = self.entry(s);
+            let e = self.entry(0, s);
             let dirty = s.flags & F_DIRTY != 0;
             next.put(hash_key(e.key), e.key, e.seq, e.fingerprint, e.value);
             if !dirty {
-                let i = next.slots.len() - 1;
-                next.slots[i].flags &= !F_DIRTY;
+                let i = (next.slots.len - 1) as u32;
+                next.slots.get_mut(i).flags &= !F_DIRTY;
                 next.dirty.pop();
             }
         }
@@ -363,8 +511,8 @@ impl KeyIndex {
             .filter(|s| s.flags & F_TOMBSTONE != 0)
             .count();
         assert_eq!(t, self.tombstones, "tombstone counter");
-        assert_eq!(self.slots.len() - t, self.live, "live counter");
-        assert_eq!(self.table.len(), self.slots.len(), "table and slots agree");
+        assert_eq!(self.slots.len - t, self.live, "live counter");
+        assert_eq!(self.table.len(), self.slots.len, "table and slots agree");
     }
 }
 
@@ -468,7 +616,7 @@ mod tests {
     #[test]
     fn compact_for_one_long_key() {
         let n = 200_000u64;
-        let mut ix = KeyIndex::with_capacity(n as usize, n as usize * 9);
+        let mut ix = KeyIndex::new();
         for i in 0..n {
             let key = k(i);
             ix.put(
@@ -484,6 +632,6 @@ mod tests {
         }
         ix.clear_dirty();
         let bpk = ix.bytes_per_key();
-        assert!(bpk < 80.0, "bytes per key {bpk}");
+        assert!(bpk <= 64.0, "bytes per key {bpk}");
     }
 }

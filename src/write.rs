@@ -19,6 +19,7 @@ use iceberg::spec::{
 use iceberg::writer::file_writer::{FileWriter, FileWriterBuilder, ParquetWriterBuilder};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -27,13 +28,22 @@ use crate::error::{Error, Result};
 const ROW_GROUP_ROWS: usize = 1 << 20;
 const MAX_FILE_ROWS: usize = 1 << 30;
 
-fn props() -> WriterProperties {
-    WriterProperties::builder()
+/// zstd; dictionary encoding only for string columns (where values repeat:
+/// statuses, file paths). Hashing every integer into a dictionary costs more
+/// than it saves for keys and sequences, which are mostly distinct.
+fn props(schema: &Schema) -> WriterProperties {
+    let mut b = WriterProperties::builder()
         .set_compression(Compression::ZSTD(
             ZstdLevel::try_new(1).expect("valid zstd level"),
         ))
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-        .build()
+        .set_dictionary_enabled(false);
+    for f in schema.as_struct().fields() {
+        if matches!(*f.field_type, Type::Primitive(PrimitiveType::String)) {
+            b = b.set_column_dictionary_enabled(ColumnPath::from(f.name.as_str()), true);
+        }
+    }
+    b.build()
 }
 
 /// Names files of one commit: `<table>/data/<commit-uuid>-<kind>-<n>.parquet`.
@@ -64,7 +74,7 @@ async fn write_parquet(
     schema: SchemaRef,
     batches: &[RecordBatch],
 ) -> Result<iceberg::spec::DataFileBuilder> {
-    let mut w = ParquetWriterBuilder::new(props(), schema)
+    let mut w = ParquetWriterBuilder::new(props(&schema), schema)
         .build(file_io.new_output(path.clone())?)
         .await?;
     for b in batches {
