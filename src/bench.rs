@@ -34,9 +34,10 @@ pub struct BenchArgs {
     pub batches: usize,
     #[arg(long, default_value_t = 0.1)]
     pub delete_fraction: f64,
-    /// Table sizes for the "one 10k batch into a table of N rows" runs; empty to skip.
-    #[arg(long, value_delimiter = ',', default_value = "100000,1000000,10000000")]
-    pub table_sizes: Vec<usize>,
+    /// Table sizes for the "one small batch into a table of N rows" runs,
+    /// comma-separated; `none` to skip them.
+    #[arg(long, default_value = "100000,1000000,10000000")]
+    pub table_sizes: String,
     #[arg(long, default_value_t = 10_000)]
     pub small_batch: usize,
     /// Where to put the input and the warehouse (default: a fresh temp dir, removed after).
@@ -246,7 +247,21 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     );
     drop(engine);
 
-    for &size in &args.table_sizes {
+    let sizes: Vec<usize> = if args.table_sizes == "none" {
+        Vec::new()
+    } else {
+        args.table_sizes
+            .split(',')
+            .map(|t| {
+                t.trim().parse().map_err(|_| {
+                    Error::Config(format!(
+                        "--table-sizes: `{t}` is not a number (or say `none`)"
+                    ))
+                })
+            })
+            .collect::<Result<_>>()?
+    };
+    for &size in &sizes {
         let target = format!("bench.t{size}");
         let flow = bench_flow(&target)?;
         let mut engine =

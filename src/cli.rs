@@ -187,14 +187,9 @@ pub async fn run(cli: Cli) -> Result<()> {
                 gk::ghost_kitchen_flow_toml("ghost_kitchen", "kitchen.orders"),
             )?;
             println!(
-                "wrote {} files ({} events, {} orders, {} cancelled, {} late, {} duplicates, {} null keys) to {}",
+                "wrote {} files ({}) to {}",
                 paths.len(),
-                stats.events,
-                stats.orders,
-                stats.cancelled_orders,
-                stats.late_events,
-                stats.duplicates,
-                stats.null_key_events,
+                describe(&stats),
                 out.display()
             );
             println!("flow definition: {}", flow_file.display());
@@ -414,13 +409,8 @@ async fn demo(warehouse: &str, orders: usize, batches: usize, seed: u64) -> Resu
         ..Default::default()
     });
     println!(
-        "generated {} events for {} orders ({} cancelled, {} late, {} duplicates, {} with a null order_id) in {:.2} s",
-        stats.events,
-        stats.orders,
-        stats.cancelled_orders,
-        stats.late_events,
-        stats.duplicates,
-        stats.null_key_events,
+        "generated {} in {:.2} s",
+        describe(&stats),
         t.elapsed().as_secs_f64()
     );
     let mut engine =
@@ -440,6 +430,19 @@ async fn demo(warehouse: &str, orders: usize, batches: usize, seed: u64) -> Resu
         total.add(&r.stats);
         applied.push(b);
         pb.inc(1);
+        if applied.len() == feed.len() / 2 {
+            let midday = status_counts(&engine.scan_target().await?)?;
+            pb.suspend(|| {
+                println!(
+                    "live orders by status after {} of {} micro-batches:",
+                    applied.len(),
+                    feed.len()
+                );
+                for (s, n) in &midday {
+                    println!("  {s:<18} {n}");
+                }
+            });
+        }
     }
     pb.finish_and_clear();
     let secs = started.elapsed().as_secs_f64();
@@ -453,7 +456,7 @@ async fn demo(warehouse: &str, orders: usize, batches: usize, seed: u64) -> Resu
     );
 
     let rows = engine.scan_target().await?;
-    let mut by_status: BTreeMap<String, usize> = BTreeMap::new();
+    let by_status = status_counts(&rows)?;
     let mut table: HashSet<(i64, i64)> = HashSet::new();
     for b in &rows {
         let ids = b
@@ -462,27 +465,21 @@ async fn demo(warehouse: &str, orders: usize, batches: usize, seed: u64) -> Resu
         let seqs = b
             .column_by_name("seq")
             .map(|c| c.as_primitive::<Int64Type>().clone());
-        let status = b
-            .column_by_name("status")
-            .map(|c| c.as_string::<i32>().clone());
-        let (Some(ids), Some(seqs), Some(status)) = (ids, seqs, status) else {
-            return Err(Error::Config(
-                "the demo table lacks order_id, seq or status".into(),
-            ));
+        let (Some(ids), Some(seqs)) = (ids, seqs) else {
+            return Err(Error::Config("the demo table lacks order_id or seq".into()));
         };
         for r in 0..b.num_rows() {
-            *by_status.entry(status.value(r).to_string()).or_default() += 1;
             table.insert((ids.value(r), seqs.value(r)));
         }
     }
-    println!("live orders by status:");
+    println!("live orders by status at the end of the day:");
     for (s, n) in &by_status {
         println!("  {s:<18} {n}");
     }
     let s = engine.summary();
     println!(
-        "cancelled orders removed: {} (tombstones kept in state: {}; state: {} keys, {:.1} bytes/key)",
-        s.tombstones, s.tombstones, s.keys, s.bytes_per_key
+        "cancelled orders removed: {} deletes applied, {} tombstones kept in the state ({} keys, {:.1} bytes/key)",
+        total.deletes, s.tombstones, s.keys, s.bytes_per_key
     );
 
     // The naive recomputation: latest event per order by seq, cancelled ones dropped.
@@ -526,4 +523,25 @@ async fn demo(warehouse: &str, orders: usize, batches: usize, seed: u64) -> Resu
         });
     }
     Ok(())
+}
+
+fn status_counts(rows: &[RecordBatch]) -> Result<BTreeMap<String, usize>> {
+    let mut out = BTreeMap::new();
+    for b in rows {
+        let status = b
+            .column_by_name("status")
+            .ok_or_else(|| Error::Config("the demo table lacks a status column".into()))?
+            .as_string::<i32>();
+        for r in 0..b.num_rows() {
+            *out.entry(status.value(r).to_string()).or_default() += 1;
+        }
+    }
+    Ok(out)
+}
+
+fn describe(s: &gk::GenStats) -> String {
+    format!(
+        "{} events for {} orders: {} cancelled, {} late, {} duplicates, {} with a null order_id",
+        s.events, s.orders, s.cancelled_orders, s.late_events, s.duplicates, s.null_key_events
+    )
 }

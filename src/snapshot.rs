@@ -67,24 +67,24 @@ pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> R
         .and_then(|id| meta.snapshot_by_id(id).cloned());
     let mut manifests: Vec<ManifestFile> = Vec::new();
     let mut summary = SnapshotSummaryCollector::default();
-    if !delta.data.is_empty() {
-        let out = file_io.new_output(manifest_path(0))?;
-        let mut w =
-            ManifestWriterBuilder::new(out, Some(snapshot_id), schema.clone(), (*spec).clone())
-                .build_v2_data();
-        for f in &delta.data {
-            summary.add_file(f, schema.clone(), spec.clone());
-            w.add_file(f.clone(), -1)?;
+    for (n, files, deletes) in [(0, &delta.data, false), (1, &delta.deletes, true)] {
+        if files.is_empty() {
+            continue;
         }
-        manifests.push(w.write_manifest_file().await?);
-    }
-    if !delta.deletes.is_empty() {
-        let out = file_io.new_output(manifest_path(1))?;
-        let mut w =
-            ManifestWriterBuilder::new(out, Some(snapshot_id), schema.clone(), (*spec).clone())
-                .build_v2_deletes();
-        for f in &delta.deletes {
+        let builder = ManifestWriterBuilder::new(
+            file_io.new_output(manifest_path(n))?,
+            Some(snapshot_id),
+            schema.clone(),
+            (*spec).clone(),
+        );
+        let mut w = if deletes {
+            builder.build_v2_deletes()
+        } else {
+            builder.build_v2_data()
+        };
+        for f in files {
             summary.add_file(f, schema.clone(), spec.clone());
+            // -1: the entry inherits this snapshot's sequence number.
             w.add_file(f.clone(), -1)?;
         }
         manifests.push(w.write_manifest_file().await?);

@@ -86,7 +86,7 @@ impl Slots {
     }
 
     fn push(&mut self, slot: Slot) -> u32 {
-        if self.len % SLOT_CHUNK == 0 {
+        if self.len.is_multiple_of(SLOT_CHUNK) {
             self.chunks.push(Vec::with_capacity(SLOT_CHUNK));
         }
         let i = u32::try_from(self.len).expect("more than 4 billion keys");

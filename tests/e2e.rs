@@ -346,3 +346,94 @@ fn random_batchings_through_the_catalog_match_the_oracle() {
         })
         .unwrap();
 }
+
+/// A target that already held rows autocdc did not write: their positions are
+/// unknown, so replacing one takes an equality delete on the key, and the
+/// state stays marked incomplete across restarts.
+#[test]
+fn rows_written_by_another_engine_are_replaced_by_equality_delete() {
+    use autocdc::snapshot::{self, RowDelta};
+    use autocdc::write::{self, FileNamer};
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let flow = flow_for("adopt.t");
+        let cat = catalog(tmp.path(), Arc::new(Faults::default()));
+        // Another engine creates the table and appends two rows.
+        let t = cat
+            .create_table(&flow.target, flow.target_schema.clone(), Default::default())
+            .await
+            .unwrap();
+        let arrow =
+            Arc::new(iceberg::arrow::schema_to_arrow_schema(t.metadata.current_schema()).unwrap());
+        let foreign = RecordBatch::try_new(
+            arrow,
+            vec![
+                Arc::new(arrow_array::Int64Array::from(vec![1, 2])),
+                Arc::new(arrow_array::StringArray::from(vec![
+                    Some("Old1"),
+                    Some("Old2"),
+                ])),
+                Arc::new(arrow_array::Int64Array::from(vec![1, 1])),
+            ],
+        )
+        .unwrap();
+        let mut namer = FileNamer::new(t.location());
+        let files = write::data_files(
+            cat.file_io(),
+            &mut namer,
+            t.metadata.current_schema().clone(),
+            0,
+            &foreign,
+            1 << 20,
+        )
+        .await
+        .unwrap();
+        let p = snapshot::produce(
+            cat.file_io(),
+            &t,
+            RowDelta {
+                data: files,
+                deletes: vec![],
+                base_snapshot: None,
+                replace: false,
+                properties: Default::default(),
+                now_ms: 1,
+            },
+        )
+        .await
+        .unwrap();
+        cat.commit(&t, p.updates, p.requirements).await.unwrap();
+
+        let mut engine = Engine::open(flow.clone(), cat.clone(), Arc::new(Faults::default()))
+            .await
+            .unwrap();
+        assert!(!engine.summary().complete);
+        let r = engine
+            .apply(&batch(&flow, &[u(1, "New1", 2)]), 2)
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.stats.removed_by_key, r.stats.removed_by_position),
+            (1, 0)
+        );
+        assert_eq!(
+            table_rows(&engine).await,
+            rows(&[&["1", "New1", "2"], &["2", "Old2", "1"]])
+        );
+        // After a restart the state is still known to be incomplete.
+        let mut engine = Engine::open(flow.clone(), cat.clone(), Arc::new(Faults::default()))
+            .await
+            .unwrap();
+        assert!(!engine.summary().complete);
+        // Key 1 is ours now: replaced by position. Key 2 still needs its key.
+        let r = engine
+            .apply(&batch(&flow, &[u(1, "Newer1", 3), d(2, 3)]), 3)
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.stats.removed_by_key, r.stats.removed_by_position),
+            (1, 1)
+        );
+        assert_eq!(table_rows(&engine).await, rows(&[&["1", "Newer1", "3"]]));
+    });
+}

@@ -88,7 +88,9 @@ pub fn render_all(batch: &RecordBatch) -> Vec<Vec<String>> {
 /// last, drop it if it is a delete. Returns the target rows, sorted.
 pub fn oracle(flow: &Flow, batches: &[RecordBatch]) -> BTreeSet<Vec<String>> {
     let codec = Codec::new(flow).unwrap();
-    let mut best: BTreeMap<Vec<u8>, (Vec<u8>, u64, bool, Vec<String>)> = BTreeMap::new();
+    // key -> (sequence, fingerprint, is delete, rendered target row)
+    type Winner = (Vec<u8>, u64, bool, Vec<String>);
+    let mut best: BTreeMap<Vec<u8>, Winner> = BTreeMap::new();
     for b in batches {
         let keys = codec
             .keys
