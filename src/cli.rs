@@ -68,6 +68,9 @@ pub enum Command {
     Show {
         #[arg(long, default_value = "autocdc.toml")]
         config: PathBuf,
+        /// Read from this Hadoop-catalog warehouse instead of the config's catalog.
+        #[arg(long)]
+        warehouse: Option<String>,
         /// `namespace.table`
         table: String,
         #[arg(long, default_value_t = 20)]
@@ -203,11 +206,14 @@ pub async fn run(cli: Cli) -> Result<()> {
         } => demo(&warehouse, orders, batches, seed).await,
         Command::Show {
             config,
+            warehouse,
             table,
             limit,
         } => {
-            let config = load_config(&config)?;
-            let catalog = open_catalog(&config.catalog)?;
+            let catalog = match warehouse {
+                Some(warehouse) => open_catalog(&CatalogConfig::Hadoop { warehouse })?,
+                None => open_catalog(&load_config(&config)?.catalog)?,
+            };
             let ident = parse_table_ident("show", &table)?;
             let Some(t) = catalog.load_table(&ident).await? else {
                 return Err(Error::Config(format!(
@@ -513,8 +519,9 @@ async fn demo(warehouse: &str, orders: usize, batches: usize, seed: u64) -> Resu
         if matches { "yes" } else { "NO" }
     );
     println!(
-        "table: {}/demo/orders (read it with `autocdc show --config <file> demo.orders`, DuckDB or PyIceberg)",
-        warehouse.trim_end_matches('/')
+        "table: {}/demo/orders (read it with `autocdc show --warehouse {} demo.orders`, DuckDB or PyIceberg)",
+        warehouse.trim_end_matches('/'),
+        warehouse
     );
     if !matches {
         return Err(Error::State {

@@ -87,7 +87,8 @@ impl Slots {
 
     fn push(&mut self, slot: Slot) -> u32 {
         if self.len.is_multiple_of(SLOT_CHUNK) {
-            self.chunks.push(Vec::with_capacity(SLOT_CHUNK));
+            // Grows by doubling up to SLOT_CHUNK, so a small index stays small.
+            self.chunks.push(Vec::new());
         }
         let i = u32::try_from(self.len).expect("more than 4 billion keys");
         self.chunks.last_mut().expect("a chunk").push(slot);
@@ -128,7 +129,8 @@ impl Arena {
                 self.chunks.len() < 1 << (32 - ARENA_CHUNK_SHIFT),
                 "key arena above 4 GiB"
             );
-            self.chunks.push(Vec::with_capacity(ARENA_CHUNK));
+            // Addresses are (chunk, offset), so a chunk may reallocate as it grows.
+            self.chunks.push(Vec::new());
         }
         let c = self.chunks.len() - 1;
         let chunk = &mut self.chunks[c];
