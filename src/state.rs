@@ -15,13 +15,16 @@ use std::sync::Arc;
 use hashbrown::HashTable;
 use xxhash_rust::xxh3::xxh3_64;
 
-/// Inline capacity for a row-encoded sequence; longer ones spill to an arena.
-const SEQ_INLINE: usize = 16;
+/// Bytes in a slot for the key and the sequence.
+const SLOT_DATA: usize = 20;
+/// Inline capacity for a row-encoded sequence next to an arena key; longer ones spill.
+const SEQ_INLINE: usize = SLOT_DATA - 4;
 
 const F_TOMBSTONE: u8 = 1;
 const F_HAS_LOC: u8 = 2;
 const F_DIRTY: u8 = 4;
 const F_SPILLED: u8 = 8;
+const F_KEY_INLINE: u8 = 16;
 
 /// Where a live row autocdc wrote sits: a data file (interned id) and its row position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -52,12 +55,14 @@ pub struct EntryRef<'a> {
 #[derive(Clone, Copy)]
 #[repr(C)]
 struct Slot {
-    key_off: u32,
+    /// With `F_KEY_INLINE`: the key bytes, then the sequence bytes (one `long`
+    /// key and one `long` sequence fit, so the common case reads one cache
+    /// line). Otherwise: the key's arena address in `[0..4]`, then the
+    /// sequence inline in `[4..20]`, or its spill offset (u64) and length (u32).
+    data: [u8; SLOT_DATA],
     key_len: u16,
     seq_len: u8,
     flags: u8,
-    /// Inline sequence bytes, or (when spilled) the spill offset in the first 8 bytes.
-    seq: [u8; SEQ_INLINE],
     fingerprint: u64,
     /// `file << 32 | pos` for a live row with a location; the delete time for a tombstone.
     payload: u64,
@@ -209,6 +214,17 @@ impl std::fmt::Debug for KeyIndex {
     }
 }
 
+fn key_of<'a>(keys: &'a Arena, s: &'a Slot) -> &'a [u8] {
+    if s.flags & F_KEY_INLINE != 0 {
+        &s.data[..s.key_len as usize]
+    } else {
+        keys.get(
+            u32::from_le_bytes(s.data[..4].try_into().expect("4 bytes")),
+            s.key_len,
+        )
+    }
+}
+
 /// Equality for short byte strings without a call into `memcmp`.
 #[inline]
 pub fn eq_bytes(a: &[u8], b: &[u8]) -> bool {
@@ -282,17 +298,20 @@ impl KeyIndex {
         }
     }
 
-    fn slot_key(&self, s: &Slot) -> &[u8] {
-        self.keys.get(s.key_off, s.key_len)
+    fn slot_key<'a>(&'a self, s: &'a Slot) -> &'a [u8] {
+        key_of(&self.keys, s)
     }
 
     fn slot_seq<'a>(&'a self, s: &'a Slot) -> &'a [u8] {
-        if s.flags & F_SPILLED != 0 {
-            let off = u64::from_le_bytes(s.seq[..8].try_into().expect("8 bytes")) as usize;
-            let len = u32::from_le_bytes(s.seq[8..12].try_into().expect("4 bytes")) as usize;
+        if s.flags & F_KEY_INLINE != 0 {
+            let k = s.key_len as usize;
+            &s.data[k..k + s.seq_len as usize]
+        } else if s.flags & F_SPILLED != 0 {
+            let off = u64::from_le_bytes(s.data[4..12].try_into().expect("8 bytes")) as usize;
+            let len = u32::from_le_bytes(s.data[12..16].try_into().expect("4 bytes")) as usize;
             &self.spill[off..off + len]
         } else {
-            &s.seq[..s.seq_len as usize]
+            &s.data[4..4 + s.seq_len as usize]
         }
     }
 
@@ -334,16 +353,32 @@ impl KeyIndex {
     }
 
     fn set_seq(&mut self, idx: u32, seq: &[u8]) {
+        let s = self.slots.get(idx);
+        if s.flags & F_KEY_INLINE != 0 {
+            let k = s.key_len as usize;
+            if k + seq.len() <= SLOT_DATA {
+                let s = self.slots.get_mut(idx);
+                s.data[k..k + seq.len()].copy_from_slice(seq);
+                s.seq_len = seq.len() as u8;
+                return;
+            }
+            // The new sequence does not fit beside the key: move the key out.
+            let key = s.data[..k].to_vec();
+            let at = self.keys.push(&key);
+            let s = self.slots.get_mut(idx);
+            s.data[..4].copy_from_slice(&at.to_le_bytes());
+            s.flags &= !F_KEY_INLINE;
+        }
         let s = self.slots.get_mut(idx);
         if seq.len() <= SEQ_INLINE {
-            s.seq[..seq.len()].copy_from_slice(seq);
+            s.data[4..4 + seq.len()].copy_from_slice(seq);
             s.seq_len = seq.len() as u8;
             s.flags &= !F_SPILLED;
         } else {
             let off = self.spill.len() as u64;
             self.spill.extend_from_slice(seq);
-            s.seq[..8].copy_from_slice(&off.to_le_bytes());
-            s.seq[8..12].copy_from_slice(&(seq.len() as u32).to_le_bytes());
+            s.data[4..12].copy_from_slice(&off.to_le_bytes());
+            s.data[12..16].copy_from_slice(&(seq.len() as u32).to_le_bytes());
             s.seq_len = 0;
             s.flags |= F_SPILLED;
         }
@@ -389,21 +424,25 @@ impl KeyIndex {
             }
             None => {
                 assert!(key.len() <= u16::MAX as usize, "key longer than 64 KiB");
-                let off = self.keys.push(key);
+                let mut data = [0u8; SLOT_DATA];
+                let flags = if key.len() + seq.len() <= SLOT_DATA {
+                    data[..key.len()].copy_from_slice(key);
+                    F_KEY_INLINE
+                } else {
+                    data[..4].copy_from_slice(&self.keys.push(key).to_le_bytes());
+                    0
+                };
                 let i = self.slots.push(Slot {
-                    key_off: off,
+                    data,
                     key_len: key.len() as u16,
                     seq_len: 0,
-                    flags: 0,
-                    seq: [0; SEQ_INLINE],
+                    flags,
                     fingerprint: 0,
                     payload: 0,
                 });
                 let (slots, keys) = (&self.slots, &self.keys);
-                self.table.insert_unique(hash, i, |&j| {
-                    let s = slots.get(j);
-                    hash_key(keys.get(s.key_off, s.key_len))
-                });
+                self.table
+                    .insert_unique(hash, i, |&j| hash_key(key_of(keys, slots.get(j))));
                 i
             }
         };
@@ -411,7 +450,7 @@ impl KeyIndex {
         let s = self.slots.get_mut(idx);
         s.fingerprint = fingerprint;
         let was_dirty = s.flags & F_DIRTY != 0;
-        s.flags &= F_SPILLED;
+        s.flags &= F_SPILLED | F_KEY_INLINE;
         s.flags |= F_DIRTY;
         match value {
             Value::Live(Some(loc)) => {
@@ -585,6 +624,28 @@ mod tests {
         assert_eq!(ix.get(b"a").unwrap().seq, &seq2[..]);
         ix.put(hash_key(b"a"), b"a", b"short", 3, Value::Live(None));
         assert_eq!(ix.get(b"a").unwrap().seq, b"short");
+    }
+
+    #[test]
+    fn inline_key_moves_out_when_the_sequence_grows() {
+        let mut ix = KeyIndex::new();
+        let key = k(42); // 9 bytes
+        ix.put(hash_key(&key), &key, &k(1), 1, Value::Live(None));
+        assert_eq!(ix.keys.bytes(), 0, "key and sequence fit in the slot");
+        let long = vec![2u8; 30];
+        ix.put(hash_key(&key), &key, &long, 2, Value::Live(None));
+        assert_eq!(ix.get(&key).unwrap().seq, &long[..]);
+        assert_eq!(ix.get(&key).unwrap().key, &key[..]);
+        let mid = vec![3u8; 12];
+        ix.put(hash_key(&key), &key, &mid, 3, Value::Live(None));
+        let e = ix.get(&key).unwrap();
+        assert_eq!((e.key, e.seq, e.fingerprint), (&key[..], &mid[..], 3));
+        // A long key lives in the arena from the start.
+        let big: Vec<u8> = (0..100).collect();
+        ix.put(hash_key(&big), &big, &k(7), 4, Value::Live(None));
+        assert_eq!(ix.get(&big).unwrap().seq, &k(7)[..]);
+        assert_eq!(ix.iter().count(), 2);
+        ix.check_invariants();
     }
 
     #[test]
