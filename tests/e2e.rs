@@ -32,6 +32,14 @@ fn catalog(dir: &std::path::Path, faults: Arc<Faults>) -> Arc<dyn Catalog> {
     Arc::new(HadoopCatalog::new(dir.to_str().unwrap(), faults).unwrap())
 }
 
+/// A fresh engine on `dir` with no faults armed: a process (re)start.
+async fn open(dir: &std::path::Path, flow: &Flow) -> Engine {
+    let faults = Arc::new(Faults::default());
+    Engine::open(flow.clone(), catalog(dir, faults.clone()), faults)
+        .await
+        .unwrap()
+}
+
 fn flow_for(target: &str) -> Flow {
     let mut cfg = customers_config();
     cfg.name = target.replace('.', "_");
@@ -72,13 +80,7 @@ fn battery_through_the_hadoop_catalog_with_restarts() {
             cat.drop_table(&flow.state_ident()).await.unwrap();
             for (i, evs) in case.batches.iter().enumerate() {
                 // A fresh engine (and catalog) for every batch: a restart each time.
-                let mut engine = Engine::open(
-                    flow.clone(),
-                    catalog(&wh, Arc::new(Faults::default())),
-                    Arc::new(Faults::default()),
-                )
-                .await
-                .unwrap();
+                let mut engine = open(&wh, &flow).await;
                 engine
                     .apply(&batch(&flow, evs), 1_000 + i as i64)
                     .await
@@ -320,23 +322,11 @@ fn random_batchings_through_the_catalog_match_the_oracle() {
             let arrow: Vec<RecordBatch> = batches.iter().map(|b| batch(&flow, b)).collect();
             let tmp = tempfile::tempdir().unwrap();
             let got = rt.block_on(async {
-                let mut engine = Engine::open(
-                    flow.clone(),
-                    catalog(tmp.path(), Arc::new(Faults::default())),
-                    Arc::new(Faults::default()),
-                )
-                .await
-                .unwrap();
+                let mut engine = open(tmp.path(), &flow).await;
                 for (i, b) in arrow.iter().enumerate() {
                     engine.apply(b, i as i64).await.unwrap();
                     if restarts[i] {
-                        engine = Engine::open(
-                            flow.clone(),
-                            catalog(tmp.path(), Arc::new(Faults::default())),
-                            Arc::new(Faults::default()),
-                        )
-                        .await
-                        .unwrap();
+                        engine = open(tmp.path(), &flow).await;
                     }
                 }
                 table_rows(&engine).await
