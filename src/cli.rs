@@ -326,7 +326,18 @@ async fn apply_files(
     let started = Instant::now();
     for (i, (name, b)) in batches.iter().enumerate() {
         let t = Instant::now();
-        let r = engine.apply(b, now_ms()).await?;
+        let r = match engine.apply(b, now_ms()).await {
+            Ok(r) => r,
+            Err(e) => {
+                pb.finish_and_clear();
+                eprintln!(
+                    "batch {}/{} {name} was not applied; earlier batches committed: {i} (re-running the same files is safe: applied changes resolve as duplicates)",
+                    i + 1,
+                    batches.len()
+                );
+                return Err(e);
+            }
+        };
         total.add(&r.stats);
         pb.suspend(|| {
             println!(
