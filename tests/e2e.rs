@@ -427,3 +427,45 @@ fn rows_written_by_another_engine_are_replaced_by_equality_delete() {
         assert_eq!(table_rows(&engine).await, rows(&[&["1", "Newer1", "3"]]));
     });
 }
+
+/// Enough commits that the state log is rewritten whole (an overwrite
+/// snapshot of the state table); a restart then reloads exactly that state.
+#[test]
+fn the_state_log_is_compacted_and_reloads_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let flow = flow_for("compact.t");
+        let n = 40_000i64;
+        let cities = ["c0", "c1", "c2", "c3", "c4"];
+        let mut all = Vec::new();
+        let mut engine = open(tmp.path(), &flow).await;
+        let mut compacted = false;
+        for (i, city) in cities.iter().enumerate() {
+            let evs: Vec<Ev> = (0..n)
+                .map(|k| {
+                    if i == 4 && k % 7 == 0 {
+                        d(k, 5)
+                    } else {
+                        u(k, city, i as i64 + 1)
+                    }
+                })
+                .collect();
+            let b = batch(&flow, &evs);
+            compacted |= engine.apply(&b, i as i64).await.unwrap().state_compacted;
+            all.push(b);
+        }
+        assert!(compacted, "the state log was never compacted");
+        let mut engine = open(tmp.path(), &flow).await;
+        assert_eq!(engine.summary().keys, n as usize);
+        // Every key's sequence survived: old changes are all stale, tombstones included.
+        let stale = batch(&flow, &(0..n).map(|k| u(k, "old", 0)).collect::<Vec<_>>());
+        let r = engine.apply(&stale, 10).await.unwrap();
+        assert_eq!(r.stats.stale, n as u64);
+        // And the positions: newer changes replace the right rows.
+        let newer = batch(&flow, &[u(1, "new", 9), d(2, 9), u(7, "back", 9)]);
+        engine.apply(&newer, 11).await.unwrap();
+        all.push(stale);
+        all.push(newer);
+        assert_eq!(table_rows(&engine).await, oracle(&flow, &all));
+    });
+}
