@@ -86,9 +86,7 @@ fn battery_through_the_hadoop_catalog_with_restarts() {
                     .await
                     .unwrap();
             }
-            let engine = Engine::open(flow.clone(), cat.clone(), Arc::new(Faults::default()))
-                .await
-                .unwrap();
+            let engine = open(&wh, &flow).await;
             assert_eq!(
                 table_rows(&engine).await,
                 case.expected,
@@ -116,10 +114,7 @@ fn rows_autocdc_wrote_are_removed_by_position_only() {
     let rt = rt();
     rt.block_on(async {
         let flow = flow_for("pos.only");
-        let cat = catalog(tmp.path(), Arc::new(Faults::default()));
-        let mut engine = Engine::open(flow.clone(), cat.clone(), Arc::new(Faults::default()))
-            .await
-            .unwrap();
+        let mut engine = open(tmp.path(), &flow).await;
         engine
             .apply(
                 &batch(&flow, &[u(1, "A", 1), u(2, "B", 1), u(3, "C", 1)]),
@@ -183,10 +178,7 @@ fn a_batch_that_changes_nothing_commits_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     rt().block_on(async {
         let flow = flow_for("noop.t");
-        let cat = catalog(tmp.path(), Arc::new(Faults::default()));
-        let mut engine = Engine::open(flow.clone(), cat.clone(), Arc::new(Faults::default()))
-            .await
-            .unwrap();
+        let mut engine = open(tmp.path(), &flow).await;
         let first = engine
             .apply(&batch(&flow, &[u(1, "A", 5)]), 1)
             .await
@@ -211,9 +203,7 @@ fn changed_keys_are_rejected_as_key_schema_drift() {
     rt().block_on(async {
         let flow = flow_for("drift.t");
         let cat = catalog(tmp.path(), Arc::new(Faults::default()));
-        Engine::open(flow.clone(), cat.clone(), Arc::new(Faults::default()))
-            .await
-            .unwrap();
+        open(tmp.path(), &flow).await;
         let mut cfg = flow.config.clone();
         cfg.keys = vec!["city".into()];
         let e = Engine::open(
@@ -270,10 +260,7 @@ fn crash_at_every_commit_step_then_reapply_gives_the_oracle() {
                 assert!(crashed, "{point:?} at batch {crash_batch} never fired");
                 drop(engine);
                 // Restart on the same warehouse and re-send everything.
-                let cat = catalog(tmp.path(), Arc::new(Faults::default()));
-                let mut engine = Engine::open(flow.clone(), cat, Arc::new(Faults::default()))
-                    .await
-                    .unwrap();
+                let mut engine = open(tmp.path(), &flow).await;
                 for (i, b) in arrow.iter().enumerate() {
                     engine.apply(b, 200 + i as i64).await.unwrap();
                 }
@@ -394,9 +381,7 @@ fn rows_written_by_another_engine_are_replaced_by_equality_delete() {
         .unwrap();
         cat.commit(&t, p.updates, p.requirements).await.unwrap();
 
-        let mut engine = Engine::open(flow.clone(), cat.clone(), Arc::new(Faults::default()))
-            .await
-            .unwrap();
+        let mut engine = open(tmp.path(), &flow).await;
         assert!(!engine.summary().complete);
         let r = engine
             .apply(&batch(&flow, &[u(1, "New1", 2)]), 2)
@@ -411,9 +396,7 @@ fn rows_written_by_another_engine_are_replaced_by_equality_delete() {
             rows(&[&["1", "New1", "2"], &["2", "Old2", "1"]])
         );
         // After a restart the state is still known to be incomplete.
-        let mut engine = Engine::open(flow.clone(), cat.clone(), Arc::new(Faults::default()))
-            .await
-            .unwrap();
+        let mut engine = open(tmp.path(), &flow).await;
         assert!(!engine.summary().complete);
         // Key 1 is ours now: replaced by position. Key 2 still needs its key.
         let r = engine
