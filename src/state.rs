@@ -56,8 +56,8 @@ pub struct EntryRef<'a> {
 #[repr(C)]
 struct Slot {
     /// With `F_KEY_INLINE`: the key bytes, then the sequence bytes (one `long`
-    /// key and one `long` sequence fit, so the common case reads one cache
-    /// line). Otherwise: the key's arena address in `[0..4]`, then the
+    /// key and one `long` sequence fit, so the common case needs no read
+    /// of the key arena). Otherwise: the key's arena address in `[0..4]`, then the
     /// sequence inline in `[4..20]`, or its spill offset (u64) and length (u32).
     data: [u8; SLOT_DATA],
     key_len: u16,
@@ -375,8 +375,25 @@ impl KeyIndex {
             s.seq_len = seq.len() as u8;
             s.flags &= !F_SPILLED;
         } else {
-            let off = self.spill.len() as u64;
-            self.spill.extend_from_slice(seq);
+            // Reuse the key's spill space when the new sequence fits (a fixed-width
+            // string sequence always does); otherwise append.
+            let old = (s.flags & F_SPILLED != 0).then(|| {
+                let off = u64::from_le_bytes(s.data[4..12].try_into().expect("8 bytes"));
+                let len = u32::from_le_bytes(s.data[12..16].try_into().expect("4 bytes"));
+                (off, len as usize)
+            });
+            let off = match old {
+                Some((off, len)) if len >= seq.len() => {
+                    let at = off as usize;
+                    self.spill[at..at + seq.len()].copy_from_slice(seq);
+                    off
+                }
+                _ => {
+                    let off = self.spill.len() as u64;
+                    self.spill.extend_from_slice(seq);
+                    off
+                }
+            };
             s.data[4..12].copy_from_slice(&off.to_le_bytes());
             s.data[12..16].copy_from_slice(&(seq.len() as u32).to_le_bytes());
             s.seq_len = 0;
@@ -527,11 +544,11 @@ impl KeyIndex {
         }
         let mut next = KeyIndex::with_capacity(self.slots.len - expired);
         next.files = std::mem::take(&mut self.files);
-        for s in self.slots.iter() {
+        for (i, s) in self.slots.iter().enumerate() {
             if s.flags & F_TOMBSTONE != 0 && (s.payload as i64) < cutoff_ms {
                 continue;
             }
-            let e = self.entry(0, s);
+            let e = self.entry(i as u32, s);
             let dirty = s.flags & F_DIRTY != 0;
             next.put(hash_key(e.key), e.key, e.seq, e.fingerprint, e.value);
             if !dirty {
@@ -612,6 +629,22 @@ mod tests {
         assert_eq!(ix.dirty_len(), 1000);
         ix.clear_dirty();
         assert_eq!(ix.dirty_len(), 0);
+    }
+
+    #[test]
+    fn a_spilled_sequence_of_the_same_length_is_overwritten_in_place() {
+        let mut ix = KeyIndex::new();
+        let key = k(1);
+        for i in 0..100u8 {
+            let seq = vec![i; 40];
+            ix.put(hash_key(&key), &key, &seq, i as u64, Value::Live(None));
+            assert_eq!(ix.get(&key).unwrap().seq, &seq[..]);
+        }
+        assert_eq!(
+            ix.spill.len(),
+            40,
+            "one key's updates must not grow the spill arena"
+        );
     }
 
     #[test]
