@@ -201,11 +201,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         let b = input::read_file(&flow, f)?;
         read_ms += t.elapsed().as_secs_f64() * 1e3;
         let r = engine.apply(&b, now_ms()).await?;
-        phases.resolve_ms += r.timings.resolve_ms;
-        phases.target_files_ms += r.timings.target_files_ms;
-        phases.state_apply_ms += r.timings.state_apply_ms;
-        phases.state_file_ms += r.timings.state_file_ms;
-        phases.commits_ms += r.timings.commits_ms;
+        phases.add(&r.timings);
         latencies.push(t.elapsed().as_secs_f64());
         data_files += r.data_files;
         delete_files += r.delete_files;

@@ -67,6 +67,16 @@ pub struct Timings {
     pub commits_ms: f64,
 }
 
+impl Timings {
+    pub fn add(&mut self, o: &Timings) {
+        self.resolve_ms += o.resolve_ms;
+        self.target_files_ms += o.target_files_ms;
+        self.state_apply_ms += o.state_apply_ms;
+        self.state_file_ms += o.state_file_ms;
+        self.commits_ms += o.commits_ms;
+    }
+}
+
 fn ms_since(t: &mut std::time::Instant) -> f64 {
     let now = std::time::Instant::now();
     let ms = (now - *t).as_secs_f64() * 1e3;
