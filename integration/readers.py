@@ -62,8 +62,9 @@ def main():
             print(f"{'ok  ' if ok else 'FAIL'} {reader:9} {case['name']} ({len(got)} rows)")
             if not ok:
                 print(f"     want {want[:10]}\n     got  {got[:10]}")
-    if len(sys.argv) > 3:
-        inp, metadata = sys.argv[2], sys.argv[3]
+    gk_checks = 0
+    for metadata in sys.argv[3:]:
+        inp = sys.argv[2]
         # The oracle, computed independently in SQL over the input files.
         oracle = con.execute(
             f"""SELECT order_id, event_type, location_id, ts_seconds, sequence, status, seq FROM (
@@ -79,10 +80,12 @@ def main():
         ):
             ok = got == want
             failures += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} {reader:9} ghost kitchen vs SQL oracle ({len(got)} rows, oracle {len(want)})")
+            gk_checks += 1
+            table = metadata.split("/metadata/")[0].rsplit("/", 1)[-1]
+            print(f"{'ok  ' if ok else 'FAIL'} {reader:9} ghost kitchen {table} vs SQL oracle ({len(got)} rows, oracle {len(want)})")
     if failures:
         sys.exit(f"{failures} reader checks failed")
-    print(f"readers: {len(cases) * 2 + (2 if len(sys.argv) > 3 else 0)} passed, 0 failed")
+    print(f"readers: {len(cases) * 2 + gk_checks} passed, 0 failed")
 
 
 if __name__ == "__main__":

@@ -19,8 +19,18 @@ bin="$CARGO_TARGET_DIR/debug/autocdc"
 {
   printf '[catalog]\ntype = "hadoop"\nwarehouse = "%s"\n\n' "$out/gkwh"
   cat "$out/gk/flow.toml"
+  # The same feed into a partitioned table: every status change moves the
+  # row to another partition, so position deletes land in many partitions.
+  sed -e 's/^name = .*/name = "ghost_kitchen_partitioned"/' \
+      -e 's/^target = .*/target = "kitchen.orders_partitioned"/' \
+      -e 's/^keys = .*/&\npartition_by = ["status", "bucket[4](order_id)"]/' "$out/gk/flow.toml"
 } > "$out/autocdc.toml"
 "$bin" apply --config "$out/autocdc.toml" --flow ghost_kitchen "$out"/gk/*.parquet
+"$bin" apply --config "$out/autocdc.toml" --flow ghost_kitchen_partitioned "$out"/gk/*.parquet
 "$bin" state --config "$out/autocdc.toml" kitchen.orders
-meta="$out/gkwh/kitchen/orders/metadata/v$(cat "$out/gkwh/kitchen/orders/metadata/version-hint.text").metadata.json"
-"$py" integration/readers.py "$out" "$out/gk" "$meta"
+metas=()
+for t in orders orders_partitioned; do
+  d="$out/gkwh/kitchen/$t/metadata"
+  metas+=("$d/v$(cat "$d/version-hint.text").metadata.json")
+done
+"$py" integration/readers.py "$out" "$out/gk" "${metas[@]}"

@@ -17,18 +17,22 @@ use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow_select::take::take;
 use futures::TryStreamExt;
 use iceberg::arrow::schema_to_arrow_schema;
-use iceberg::spec::TableMetadata;
+use iceberg::io::FileIO;
+use iceberg::spec::{
+    DataFile, ManifestContentType, PartitionSpec, Schema, Struct, TableMetadata,
+    UnboundPartitionSpec,
+};
 use serde::Serialize;
 
 use crate::catalog::{Catalog, TableState};
 use crate::error::{Error, Result, codes};
 use crate::fault::{FaultPoint, Faults};
 use crate::flow::Flow;
-use crate::resolve::{self, BatchStats, Codec};
+use crate::resolve::{self, BatchStats, Codec, Resolution};
 use crate::snapshot::{self, RowDelta};
 use crate::state::{KeyIndex, Loc};
 use crate::state_table;
-use crate::write::{self, FileNamer};
+use crate::write::{self, FileNamer, Partitioner};
 
 pub const PROP_FLOW: &str = "autocdc.flow";
 pub const PROP_STATE_SNAPSHOT: &str = "autocdc.state-snapshot-id";
@@ -114,6 +118,14 @@ pub struct Engine {
     state_log_rows: u64,
     /// Set while a commit is under way; an engine whose commit failed must be reopened.
     poisoned: bool,
+    /// Groups new rows by partition; None for an unpartitioned target.
+    partitioner: Option<Arc<Partitioner>>,
+    /// Every partition source column is a key column, so a key alone tells
+    /// the partition of its row.
+    partitioned_by_keys: bool,
+    /// (spec id, partition) of each live data file of the target; loaded
+    /// from the manifests when a partitioned target first needs it.
+    file_partitions: Option<HashMap<String, (i32, Struct)>>,
 }
 
 fn target_properties(flow: &Flow) -> HashMap<String, String> {
@@ -144,7 +156,33 @@ fn our_latest(meta: &TableMetadata, flow: &str) -> (Option<HashMap<String, Strin
     (None, foreign)
 }
 
+fn render_spec(spec: &PartitionSpec, schema: &Schema) -> String {
+    let fields: Vec<String> = spec
+        .fields()
+        .iter()
+        .map(|f| {
+            let col = schema
+                .field_by_id(f.source_id)
+                .map(|c| c.name.clone())
+                .unwrap_or_else(|| format!("#{}", f.source_id));
+            format!("{}({col})", f.transform)
+        })
+        .collect();
+    format!("[{}]", fields.join(", "))
+}
+
 fn check_schema(flow: &Flow, meta: &TableMetadata) -> Result<()> {
+    let have = render_spec(meta.default_partition_spec(), meta.current_schema());
+    let want = render_spec(&flow.partition_spec, &flow.target_schema);
+    if have != want {
+        return Err(Error::State {
+            code: "AUTOCDC_INVALID_STATE.PARTITION_DRIFT",
+            message: format!(
+                "flow `{}`: partition_by is {want} but the existing target {} is partitioned by {have}; change partition_by back or run `autocdc refresh --full {}`",
+                flow.name, flow.target, flow.name
+            ),
+        });
+    }
     let table = meta.current_schema();
     let mut keys: Vec<String> = table
         .identifier_field_ids()
@@ -209,6 +247,7 @@ impl Engine {
                     .create_table(
                         &flow.target,
                         flow.target_schema.clone(),
+                        flow.partition_spec.clone().into_unbound(),
                         target_properties(&flow),
                     )
                     .await?
@@ -220,7 +259,12 @@ impl Engine {
             None => {
                 let props = HashMap::from([(PROP_FLOW.to_string(), flow.name.clone())]);
                 catalog
-                    .create_table(&state_ident, state_table::schema(&flow)?, props)
+                    .create_table(
+                        &state_ident,
+                        state_table::schema(&flow)?,
+                        UnboundPartitionSpec::builder().build(),
+                        props,
+                    )
                     .await?
             }
         };
@@ -260,7 +304,23 @@ impl Engine {
                 .await?;
             state_log_rows = state_table::load(&flow, &codec, &mut state, &batches)? as u64;
         }
+        let partitioner = Partitioner::new(
+            target.metadata.default_partition_spec().clone(),
+            target.metadata.current_schema(),
+        )?
+        .map(Arc::new);
+        let key_ids: Vec<i32> = target
+            .metadata
+            .current_schema()
+            .identifier_field_ids()
+            .collect();
+        let partitioned_by_keys = partitioner
+            .as_ref()
+            .is_some_and(|p| p.source_ids.iter().all(|id| key_ids.contains(id)));
         Ok(Engine {
+            partitioner,
+            partitioned_by_keys,
+            file_partitions: None,
             codec,
             catalog,
             faults,
@@ -342,60 +402,39 @@ impl Engine {
 
         // 1. Target files: new rows, then deletes of the rows they replace.
         let rows = self.project(batch, &res.inserts)?;
-        let data = write::data_files(
+        let written = write::data_files(
             &file_io,
             &mut namer,
             schema.clone(),
             spec_id,
+            self.partitioner.as_deref(),
             &rows,
             self.flow.target_file_size_bytes,
         )
         .await?;
-        let mut locs: Vec<Loc> = Vec::with_capacity(res.inserts.len());
-        for f in &data {
-            let id = self.state.files.intern(f.file_path());
-            let n = u32::try_from(f.record_count()).map_err(|_| Error::State {
-                code: "AUTOCDC_WRITE.FILE_TOO_LARGE",
-                message: format!("{} has more than 2^32 rows", f.file_path()),
-            })?;
-            locs.extend((0..n).map(|pos| Loc { file: id, pos }));
-        }
+        let data = written.files;
+        let ids: Vec<u32> = data
+            .iter()
+            .map(|f| self.state.files.intern(f.file_path()))
+            .collect();
+        let locs: Vec<Loc> = written
+            .locs
+            .iter()
+            .map(|&(f, pos)| Loc {
+                file: ids[f as usize],
+                pos,
+            })
+            .collect();
         debug_assert_eq!(
             locs.len(),
             res.inserts.len(),
             "every inserted row has a position"
         );
-        let mut deletes = Vec::new();
-        let pos: Vec<(&str, u32)> = res
-            .remove_positions
+        let deletes = self.delete_files(&file_io, &mut namer, batch, &res).await?;
+        let new_partitions: Vec<(String, (i32, Struct))> = data
             .iter()
-            .map(|l| (self.state.files.path(l.file), l.pos))
+            .map(|f| (f.file_path().to_string(), (spec_id, f.partition().clone())))
             .collect();
-        deletes.extend(write::position_delete_file(&file_io, &mut namer, spec_id, pos).await?);
-        let key_names: Vec<&str> = self
-            .flow
-            .key_idx
-            .iter()
-            .map(|&i| self.flow.column_name(i))
-            .collect();
-        let key_cols: Vec<ArrayRef> = self
-            .flow
-            .key_idx
-            .iter()
-            .map(|&i| batch.column(i).clone())
-            .collect();
-        deletes.extend(
-            write::equality_delete_file(
-                &file_io,
-                &mut namer,
-                &schema,
-                spec_id,
-                &key_names,
-                &key_cols,
-                &res.remove_keys,
-            )
-            .await?,
-        );
         self.faults.hit(FaultPoint::AfterTargetFiles)?;
         report.timings.target_files_ms = ms_since(&mut clock);
 
@@ -515,10 +554,175 @@ impl Engine {
         self.generation = generation;
         self.input_offset = input_offset;
         self.poisoned = false;
+        if let Some(map) = &mut self.file_partitions {
+            map.extend(new_partitions);
+        }
         report.snapshot_id = Some(target_snapshot);
         report.input_offset = input_offset;
         report.state_compacted = compact;
         Ok(report)
+    }
+
+    /// Delete files for the rows a resolution removes: position deletes for
+    /// rows whose file and position the state knows, equality deletes on
+    /// the keys for the others. In a partitioned table each delete file
+    /// belongs to the partition of the data files it applies to.
+    async fn delete_files(
+        &mut self,
+        file_io: &FileIO,
+        namer: &mut FileNamer,
+        batch: &RecordBatch,
+        res: &Resolution,
+    ) -> Result<Vec<DataFile>> {
+        if self.partitioner.is_some()
+            && (!res.remove_positions.is_empty()
+                || (!res.remove_keys.is_empty() && !self.partitioned_by_keys))
+        {
+            self.load_file_partitions().await?;
+        }
+        let meta = self.target.metadata.clone();
+        let schema = meta.current_schema();
+        let spec_id = meta.default_partition_spec_id();
+        let key_names: Vec<&str> = self
+            .flow
+            .key_idx
+            .iter()
+            .map(|&i| self.flow.column_name(i))
+            .collect();
+        let key_cols: Vec<ArrayRef> = self
+            .flow
+            .key_idx
+            .iter()
+            .map(|&i| batch.column(i).clone())
+            .collect();
+        let mut out = Vec::new();
+        let Some(partitioner) = self.partitioner.clone() else {
+            let pos: Vec<(&str, u32)> = res
+                .remove_positions
+                .iter()
+                .map(|l| (self.state.files.path(l.file), l.pos))
+                .collect();
+            let none = Struct::empty();
+            out.extend(write::position_delete_file(file_io, namer, spec_id, &none, "", pos).await?);
+            out.extend(
+                write::equality_delete_file(
+                    file_io,
+                    namer,
+                    schema,
+                    spec_id,
+                    &none,
+                    "",
+                    &key_names,
+                    &key_cols,
+                    &res.remove_keys,
+                )
+                .await?,
+            );
+            return Ok(out);
+        };
+        let empty = HashMap::new();
+        let parts = self.file_partitions.as_ref().unwrap_or(&empty);
+        let foreign_spec = |path: &str, spec: i32| Error::State {
+            code: codes::UNSUPPORTED,
+            message: format!(
+                "flow `{}`: data file {path} has partition spec {spec}, not the table's current spec {spec_id}; autocdc writes deletes in the current spec only. Rewrite the table's files (or run `autocdc refresh --full {}`)",
+                self.flow.name, self.flow.name
+            ),
+        };
+
+        // Position deletes, grouped by the partition of the file they point into.
+        let mut by_part: HashMap<&Struct, Vec<(&str, u32)>> = HashMap::new();
+        for l in &res.remove_positions {
+            let path = self.state.files.path(l.file);
+            let Some((spec, part)) = parts.get(path) else {
+                return Err(Error::State {
+                    code: "AUTOCDC_INVALID_STATE.UNKNOWN_FILE",
+                    message: format!(
+                        "flow `{}`: the state places a row in {path}, which is not a live data file of {}; the table was rewritten by another writer. Run `autocdc refresh --full {}`",
+                        self.flow.name, self.flow.target, self.flow.name
+                    ),
+                });
+            };
+            if *spec != spec_id {
+                return Err(foreign_spec(path, *spec));
+            }
+            by_part.entry(part).or_default().push((path, l.pos));
+        }
+        for (part, pos) in by_part {
+            let dir = partitioner.path(part);
+            out.extend(
+                write::position_delete_file(file_io, namer, spec_id, part, &dir, pos).await?,
+            );
+        }
+
+        // Equality deletes: in the key's own partition when keys alone decide
+        // it; otherwise in every partition that has data files.
+        if res.remove_keys.is_empty() {
+            return Ok(out);
+        }
+        let groups: Vec<(Struct, Vec<u32>)> = if self.partitioned_by_keys {
+            let rows = self.project(batch, &res.remove_keys)?;
+            partitioner
+                .group(&rows)?
+                .into_iter()
+                .map(|(p, idx)| {
+                    let rows = idx.iter().map(|&i| res.remove_keys[i as usize]).collect();
+                    (p, rows)
+                })
+                .collect()
+        } else {
+            let mut seen = std::collections::HashSet::new();
+            let mut v = Vec::new();
+            for (path, (spec, part)) in parts {
+                if *spec != spec_id {
+                    return Err(foreign_spec(path, *spec));
+                }
+                if seen.insert(part) {
+                    v.push((part.clone(), res.remove_keys.clone()));
+                }
+            }
+            v
+        };
+        for (part, rows) in groups {
+            let dir = partitioner.path(&part);
+            out.extend(
+                write::equality_delete_file(
+                    file_io, namer, schema, spec_id, &part, &dir, &key_names, &key_cols, &rows,
+                )
+                .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Reads (spec id, partition) of every live data file from the target's manifests.
+    async fn load_file_partitions(&mut self) -> Result<()> {
+        if self.file_partitions.is_some() {
+            return Ok(());
+        }
+        let mut map = HashMap::new();
+        if let Some(snap) = self.target.metadata.current_snapshot() {
+            let file_io = self.catalog.file_io();
+            let t = self.target.table(file_io)?;
+            let list = t.manifest_list_reader(snap).load().await?;
+            for m in list.entries() {
+                if m.content != ManifestContentType::Data {
+                    continue;
+                }
+                let manifest = m.load_manifest(file_io).await?;
+                for e in manifest.entries() {
+                    if e.is_alive() {
+                        let f = e.data_file();
+                        map.insert(
+                            f.file_path().to_string(),
+                            (m.partition_spec_id, f.partition().clone()),
+                        );
+                    }
+                }
+            }
+        }
+        self.file_partitions = Some(map);
+        Ok(())
     }
 
     /// The rows `rows` of `batch`, in the target table's Arrow schema.

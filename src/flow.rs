@@ -10,7 +10,7 @@ use std::time::Duration;
 use arrow_schema::{Field, Schema as ArrowSchema, SchemaRef};
 use iceberg::TableIdent;
 use iceberg::arrow::schema_to_arrow_schema;
-use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+use iceberg::spec::{NestedField, PartitionSpec, PrimitiveType, Schema, Transform, Type};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, codes};
@@ -139,6 +139,8 @@ pub struct Flow {
     pub target_cols: Vec<usize>,
     /// The target's Iceberg schema (field ids 1..n, keys required and identifier fields).
     pub target_schema: Schema,
+    /// The target's partition spec, bound to `target_schema` (unpartitioned when empty).
+    pub partition_spec: PartitionSpec,
     pub tombstone_gc: Duration,
     pub on_tie: TiePolicy,
     pub target_file_size_bytes: u64,
@@ -266,13 +268,6 @@ impl Flow {
                     "stored_as_scd_type = {} is not supported yet; use 1 (one current row per key)",
                     config.stored_as_scd_type
                 ),
-            ));
-        }
-        if !config.partition_by.is_empty() {
-            return Err(Error::definition(
-                f,
-                codes::UNSUPPORTED,
-                "partition_by is not supported yet; remove it to write an unpartitioned table",
             ));
         }
 
@@ -458,6 +453,7 @@ impl Flow {
             .with_fields(target_fields)
             .with_identifier_field_ids(identifier)
             .build()?;
+        let partition_spec = partition_spec(f, &config.partition_by, &target_schema)?;
 
         let deletes = match &config.apply_as_deletes {
             Some(sql) => Some(
@@ -487,6 +483,7 @@ impl Flow {
             deletes,
             target_cols,
             target_schema,
+            partition_spec,
             tombstone_gc,
         })
     }
@@ -507,6 +504,106 @@ impl Flow {
             format!("{}__autocdc_state", self.target.name()),
         )
     }
+}
+
+/// Parses one `partition_by` entry: `col` (identity), Iceberg's notation
+/// (`identity(col)`, `bucket[16](col)`, `truncate[4](col)`, `year(col)`,
+/// `month(col)`, `day(col)`, `hour(col)`) or Spark's (`bucket(16, col)`,
+/// `truncate(4, col)`, `years(col)`, `months(col)`, `days(col)`, `hours(col)`).
+pub fn parse_partition_field(s: &str) -> Option<(String, Transform)> {
+    let s = s.trim();
+    let Some(open) = s.find('(') else {
+        return Some((s.to_string(), Transform::Identity));
+    };
+    let inner = s[open + 1..].strip_suffix(')')?;
+    let name = s[..open].trim().to_ascii_lowercase();
+    let args: Vec<&str> = inner.split(',').map(str::trim).collect();
+    let (transform, col) = match (name.as_str(), args.as_slice()) {
+        ("bucket", [n, col]) => (Transform::Bucket(n.parse().ok()?), *col),
+        ("truncate", [w, col]) => (Transform::Truncate(w.parse().ok()?), *col),
+        ("years", [col]) => (Transform::Year, *col),
+        ("months", [col]) => (Transform::Month, *col),
+        ("days", [col]) => (Transform::Day, *col),
+        ("hours", [col]) => (Transform::Hour, *col),
+        (t, [col]) => match t.parse::<Transform>().ok()? {
+            t @ (Transform::Identity
+            | Transform::Bucket(_)
+            | Transform::Truncate(_)
+            | Transform::Year
+            | Transform::Month
+            | Transform::Day
+            | Transform::Hour) => (t, *col),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    if col.is_empty() || col.contains(['(', ')', ' ']) {
+        return None;
+    }
+    if matches!(transform, Transform::Bucket(0) | Transform::Truncate(0)) {
+        return None;
+    }
+    Some((col.to_string(), transform))
+}
+
+/// The partition field's name, as Iceberg Java names them.
+fn partition_field_name(col: &str, t: &Transform) -> String {
+    match t {
+        Transform::Identity => col.to_string(),
+        Transform::Bucket(_) => format!("{col}_bucket"),
+        Transform::Truncate(_) => format!("{col}_trunc"),
+        Transform::Year => format!("{col}_year"),
+        Transform::Month => format!("{col}_month"),
+        Transform::Day => format!("{col}_day"),
+        Transform::Hour => format!("{col}_hour"),
+        _ => format!("{col}_{t}"),
+    }
+}
+
+fn partition_spec(flow: &str, entries: &[String], schema: &Schema) -> Result<PartitionSpec> {
+    let mut b = PartitionSpec::builder(schema.clone()).with_spec_id(0);
+    for e in entries {
+        let Some((col, t)) = parse_partition_field(e) else {
+            return Err(Error::definition(
+                flow,
+                codes::INVALID_DEFINITION,
+                format!(
+                    "partition_by entry `{e}` is not a partition transform; write `col`, `bucket[16](col)`, `truncate[4](col)`, `year(col)`, `month(col)`, `day(col)` or `hour(col)`"
+                ),
+            ));
+        };
+        check_plain(flow, &col)?;
+        let Some(field) = schema.field_by_name(&col) else {
+            return Err(Error::definition(
+                flow,
+                codes::COLUMNS_NOT_FOUND,
+                format!(
+                    "partition_by column `{col}` is not a column of the target ({}); partition on a target column",
+                    schema
+                        .as_struct()
+                        .fields()
+                        .iter()
+                        .map(|f| f.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        };
+        let ty = field.field_type.to_string();
+        b = b
+            .add_partition_field(&col, partition_field_name(&col, &t), t)
+            .map_err(|err| {
+                Error::definition(
+                    flow,
+                    codes::INVALID_DEFINITION,
+                    format!(
+                        "partition_by entry `{e}` does not apply to column `{col}` of type {ty}: {}",
+                        err.message()
+                    ),
+                )
+            })?;
+    }
+    Ok(b.build()?)
 }
 
 fn check_plain(flow: &str, name: &str) -> Result<()> {
@@ -645,6 +742,83 @@ mod tests {
         let mut c = base();
         c.stored_as_scd_type = 2;
         assert_eq!(code_of(c), codes::UNSUPPORTED);
+    }
+
+    #[test]
+    fn partition_by_parses_iceberg_and_spark_notation() {
+        for (text, col, t) in [
+            ("city", "city", Transform::Identity),
+            ("identity(city)", "city", Transform::Identity),
+            ("bucket[16](id)", "id", Transform::Bucket(16)),
+            ("bucket(16, id)", "id", Transform::Bucket(16)),
+            ("truncate[2](city)", "city", Transform::Truncate(2)),
+            ("truncate(2, city)", "city", Transform::Truncate(2)),
+            ("day(ts)", "ts", Transform::Day),
+            ("days(ts)", "ts", Transform::Day),
+            (" HOUR( ts ) ", "ts", Transform::Hour),
+            ("year(ts)", "ts", Transform::Year),
+            ("month(ts)", "ts", Transform::Month),
+        ] {
+            assert_eq!(
+                parse_partition_field(text),
+                Some((col.to_string(), t)),
+                "{text}"
+            );
+        }
+        for bad in [
+            "bucket(id)",
+            "bucket[0](id)",
+            "void(id)",
+            "day(ts",
+            "f(a, b)",
+            "day()",
+        ] {
+            assert_eq!(parse_partition_field(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn partition_by_builds_a_bound_spec() {
+        let mut c = base();
+        c.partition_by = vec!["bucket[8](id)".into(), "truncate[1](city)".into()];
+        let f = Flow::new(c).unwrap();
+        let names: Vec<_> = f
+            .partition_spec
+            .fields()
+            .iter()
+            .map(|p| (p.name.clone(), p.source_id, p.transform))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("id_bucket".to_string(), 1, Transform::Bucket(8)),
+                ("city_trunc".to_string(), 2, Transform::Truncate(1)),
+            ]
+        );
+        assert!(Flow::new(base()).unwrap().partition_spec.is_unpartitioned());
+    }
+
+    #[test]
+    fn partition_by_errors_name_the_entry() {
+        let mut c = base();
+        c.partition_by = vec!["day(op)".into()];
+        // `op` is left out of the target by except_column_list.
+        let e = Flow::new(c).unwrap_err();
+        assert_eq!(e.code(), codes::COLUMNS_NOT_FOUND);
+        assert!(e.to_string().contains("`op`"), "{e}");
+        let mut c = base();
+        c.partition_by = vec!["day(city)".into()];
+        let e = Flow::new(c).unwrap_err();
+        assert_eq!(e.code(), codes::INVALID_DEFINITION);
+        assert!(
+            e.to_string().contains("day(city)") && e.to_string().contains("string"),
+            "{e}"
+        );
+        let mut c = base();
+        c.partition_by = vec!["zorder(city)".into()];
+        let e = Flow::new(c).unwrap_err();
+        assert_eq!(e.code(), codes::INVALID_DEFINITION);
+        assert!(e.to_string().contains("zorder(city)"), "{e}");
     }
 
     #[test]

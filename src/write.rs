@@ -3,18 +3,24 @@
 //! by file path, then position, as the spec requires) and equality-delete
 //! files on the key columns (only for rows whose position is unknown).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray, UInt32Array};
+use arrow_array::{
+    Array, ArrayRef, Int64Array, RecordBatch, StringArray, StructArray, UInt32Array,
+};
+use arrow_row::{RowConverter, SortField};
 use arrow_select::take::take;
 use iceberg::arrow::schema_to_arrow_schema;
+use iceberg::arrow::{PartitionValueCalculator, arrow_struct_to_literal};
 use iceberg::io::FileIO;
 use iceberg::metadata_columns::{
     RESERVED_COL_NAME_DELETE_FILE_PATH, RESERVED_COL_NAME_DELETE_FILE_POS,
     RESERVED_FIELD_ID_DELETE_FILE_PATH, RESERVED_FIELD_ID_DELETE_FILE_POS,
 };
 use iceberg::spec::{
-    DataContentType, DataFile, NestedField, PrimitiveType, Schema, SchemaRef, Type,
+    DataContentType, DataFile, Literal, NestedField, PartitionSpecRef, PrimitiveType, Schema,
+    SchemaRef, Struct, StructType, Type,
 };
 use iceberg::writer::file_writer::{FileWriter, FileWriterBuilder, ParquetWriterBuilder};
 use parquet::basic::{Compression, ZstdLevel};
@@ -46,7 +52,88 @@ fn props(schema: &Schema) -> WriterProperties {
     b.build()
 }
 
-/// Names files of one commit: `<table>/data/<commit-uuid>-<kind>-<n>.parquet`.
+/// Groups a batch's rows by partition value (for a partitioned table).
+pub struct Partitioner {
+    calc: PartitionValueCalculator,
+    spec: PartitionSpecRef,
+    ptype: StructType,
+    /// Which table columns the partition values come from.
+    pub source_ids: Vec<i32>,
+}
+
+impl Partitioner {
+    /// None when `spec` is unpartitioned.
+    pub fn new(spec: PartitionSpecRef, schema: &Schema) -> Result<Option<Partitioner>> {
+        if spec.is_unpartitioned() {
+            return Ok(None);
+        }
+        Ok(Some(Partitioner {
+            calc: PartitionValueCalculator::try_new(&spec, schema)?,
+            ptype: spec.partition_type(schema)?,
+            source_ids: spec.fields().iter().map(|f| f.source_id).collect(),
+            spec,
+        }))
+    }
+
+    /// The partition of each group of rows of `batch` (in the table's Arrow
+    /// schema) and its rows, ascending; groups in order of their first row.
+    pub fn group(&self, batch: &RecordBatch) -> Result<Vec<(Struct, Vec<u32>)>> {
+        let values = self.calc.calculate(batch)?;
+        let arr = values
+            .as_any()
+            .downcast_ref::<StructArray>()
+            .ok_or_else(|| builder_err("partition values are not a struct"))?;
+        let converter = RowConverter::new(
+            arr.fields()
+                .iter()
+                .map(|f| SortField::new(f.data_type().clone()))
+                .collect(),
+        )?;
+        let rows = converter.convert_columns(arr.columns())?;
+        let mut index: HashMap<&[u8], usize> = HashMap::new();
+        let mut groups: Vec<(usize, Vec<u32>)> = Vec::new();
+        for (i, row) in rows.iter().enumerate() {
+            let g = *index.entry(row.data()).or_insert_with(|| {
+                groups.push((i, Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push(i as u32);
+        }
+        groups
+            .into_iter()
+            .map(|(first, rows)| {
+                let one: ArrayRef = Arc::new(arr.slice(first, 1));
+                match arrow_struct_to_literal(&one, &self.ptype)?.pop().flatten() {
+                    Some(Literal::Struct(s)) => Ok((s, rows)),
+                    _ => Err(builder_err("a partition value is not a struct")),
+                }
+            })
+            .collect()
+    }
+
+    /// `name=value/...` as Iceberg Java lays out data directories, values URL-encoded.
+    pub fn path(&self, p: &Struct) -> String {
+        let fields = self.ptype.fields();
+        self.spec
+            .fields()
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let human = f
+                    .transform
+                    .to_human_string(&fields[i].field_type, p[i].as_ref());
+                format!(
+                    "{}={}",
+                    f.name,
+                    url::form_urlencoded::byte_serialize(human.as_bytes()).collect::<String>()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+}
+
+/// Names files of one commit: `<table>/data/[<partition>/]<commit-uuid>-<kind>-<n>.parquet`.
 pub struct FileNamer {
     dir: String,
     commit: Uuid,
@@ -63,8 +150,16 @@ impl FileNamer {
     }
 
     fn next(&mut self, kind: &str) -> String {
+        self.next_in("", kind)
+    }
+
+    fn next_in(&mut self, partition: &str, kind: &str) -> String {
         self.n += 1;
-        format!("{}/{}-{kind}-{:05}.parquet", self.dir, self.commit, self.n)
+        let sep = if partition.is_empty() { "" } else { "/" };
+        format!(
+            "{}{sep}{partition}/{}-{kind}-{:05}.parquet",
+            self.dir, self.commit, self.n
+        )
     }
 }
 
@@ -87,36 +182,84 @@ async fn write_parquet(
     })
 }
 
+/// Data files written for a batch, and where each of its rows went.
+#[derive(Debug, Default)]
+pub struct Written {
+    pub files: Vec<DataFile>,
+    /// Per row of the batch: (index into `files`, row position in that file).
+    pub locs: Vec<(u32, u32)>,
+}
+
 /// Writes `batch` (already in the table's Arrow schema) as data files of
-/// about `target_bytes` each. Returns the files in order; row `i` of the
-/// batch is in the file whose cumulative row range contains it.
+/// about `target_bytes` each, one set per partition when `partitioner` is given.
 pub async fn data_files(
     file_io: &FileIO,
     namer: &mut FileNamer,
     schema: SchemaRef,
     spec_id: i32,
+    partitioner: Option<&Partitioner>,
     batch: &RecordBatch,
     target_bytes: u64,
-) -> Result<Vec<DataFile>> {
+) -> Result<Written> {
     let n = batch.num_rows();
+    let mut out = Written {
+        files: Vec::new(),
+        locs: vec![(0, 0); n],
+    };
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(out);
     }
     // Parquet with zstd is typically 3-5x smaller than Arrow in memory.
     let arrow_bytes_per_row = (batch.get_array_memory_size() / n).max(1) as u64;
     let rows_per_file =
         ((target_bytes * 4) / arrow_bytes_per_row).clamp(1024, MAX_FILE_ROWS as u64) as usize;
-    let mut out = Vec::new();
-    let mut start = 0;
-    while start < n {
-        let len = rows_per_file.min(n - start);
-        let path = namer.next("data");
-        let b = write_parquet(file_io, path, schema.clone(), &[batch.slice(start, len)]).await?;
-        let mut b = b;
-        out.push(b.partition_spec_id(spec_id).build().map_err(builder_err)?);
-        start += len;
+    let groups = match partitioner {
+        None => vec![(Struct::empty(), None)],
+        Some(p) => p
+            .group(batch)?
+            .into_iter()
+            .map(|(s, rows)| (s, Some(rows)))
+            .collect(),
+    };
+    for (partition, rows) in groups {
+        let (part, dir) = match (&rows, partitioner) {
+            (Some(rows), Some(p)) => (take_batch(batch, rows)?, p.path(&partition)),
+            _ => (batch.clone(), String::new()),
+        };
+        let len_all = part.num_rows();
+        let mut start = 0;
+        while start < len_all {
+            let len = rows_per_file.min(len_all - start);
+            let path = namer.next_in(&dir, "data");
+            let mut b =
+                write_parquet(file_io, path, schema.clone(), &[part.slice(start, len)]).await?;
+            let file_idx = out.files.len() as u32;
+            for pos in 0..len {
+                let row = rows
+                    .as_ref()
+                    .map_or(start + pos, |r| r[start + pos] as usize);
+                out.locs[row] = (file_idx, pos as u32);
+            }
+            out.files.push(
+                b.partition_spec_id(spec_id)
+                    .partition(partition.clone())
+                    .build()
+                    .map_err(builder_err)?,
+            );
+            start += len;
+        }
     }
     Ok(out)
+}
+
+fn take_batch(batch: &RecordBatch, rows: &[u32]) -> Result<RecordBatch> {
+    let idx = UInt32Array::from(rows.to_vec());
+    let cols = batch
+        .columns()
+        .iter()
+        .map(|c| take(c.as_ref(), &idx, None))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(batch.schema(), cols)?)
 }
 
 fn builder_err(e: impl std::fmt::Display) -> Error {
@@ -143,11 +286,15 @@ fn position_delete_schema() -> Result<Schema> {
         .build()?)
 }
 
-/// One position-delete file for `(path, pos)` pairs, which it sorts.
+/// One position-delete file for `(path, pos)` pairs, which it sorts. All
+/// the paths are data files of `partition` (of spec `spec_id`), whose
+/// directory is `dir`.
 pub async fn position_delete_file(
     file_io: &FileIO,
     namer: &mut FileNamer,
     spec_id: i32,
+    partition: &Struct,
+    dir: &str,
     mut deletes: Vec<(&str, u32)>,
 ) -> Result<Option<DataFile>> {
     if deletes.is_empty() {
@@ -163,22 +310,27 @@ pub async fn position_delete_file(
     let paths = StringArray::from_iter_values(deletes.iter().map(|d| d.0));
     let pos = Int64Array::from_iter_values(deletes.iter().map(|d| d.1 as i64));
     let batch = RecordBatch::try_new(arrow, vec![Arc::new(paths), Arc::new(pos)])?;
-    let mut b = write_parquet(file_io, namer.next("pos-deletes"), schema, &[batch]).await?;
+    let mut b = write_parquet(file_io, namer.next_in(dir, "pos-deletes"), schema, &[batch]).await?;
     Ok(Some(
         b.content(DataContentType::PositionDeletes)
             .partition_spec_id(spec_id)
+            .partition(partition.clone())
             .build()
             .map_err(builder_err)?,
     ))
 }
 
 /// One equality-delete file on the key columns `key_names` (whose arrays,
-/// in the same order, are `key_cols`), for rows `rows` of those arrays.
+/// in the same order, are `key_cols`), for rows `rows` of those arrays,
+/// applying to data files of `partition` (of spec `spec_id`, directory `dir`).
+#[allow(clippy::too_many_arguments)]
 pub async fn equality_delete_file(
     file_io: &FileIO,
     namer: &mut FileNamer,
     table_schema: &Schema,
     spec_id: i32,
+    partition: &Struct,
+    dir: &str,
     key_names: &[&str],
     key_cols: &[ArrayRef],
     rows: &[u32],
@@ -213,11 +365,12 @@ pub async fn equality_delete_file(
         })
         .collect::<Result<Vec<_>>>()?;
     let batch = RecordBatch::try_new(arrow, cols)?;
-    let mut b = write_parquet(file_io, namer.next("eq-deletes"), schema, &[batch]).await?;
+    let mut b = write_parquet(file_io, namer.next_in(dir, "eq-deletes"), schema, &[batch]).await?;
     Ok(Some(
         b.content(DataContentType::EqualityDeletes)
             .equality_ids(Some(ids))
             .partition_spec_id(spec_id)
+            .partition(partition.clone())
             .build()
             .map_err(builder_err)?,
     ))

@@ -41,9 +41,14 @@ async fn open(dir: &std::path::Path, flow: &Flow) -> Engine {
 }
 
 fn flow_for(target: &str) -> Flow {
+    partitioned_flow_for(target, &[])
+}
+
+fn partitioned_flow_for(target: &str, partition_by: &[&str]) -> Flow {
     let mut cfg = customers_config();
     cfg.name = target.replace('.', "_");
     cfg.target = target.to_string();
+    cfg.partition_by = partition_by.iter().map(|s| s.to_string()).collect();
     Flow::new(cfg).unwrap()
 }
 
@@ -219,6 +224,32 @@ fn changed_keys_are_rejected_as_key_schema_drift() {
     });
 }
 
+#[test]
+fn changed_partitioning_is_rejected_as_partition_drift() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let flow = flow_for("pdrift.t");
+        let cat = catalog(tmp.path(), Arc::new(Faults::default()));
+        open(tmp.path(), &flow).await;
+        let e = Engine::open(
+            partitioned_flow_for("pdrift.t", &["bucket[8](id)"]),
+            cat.clone(),
+            Arc::new(Faults::default()),
+        )
+        .await
+        .err()
+        .unwrap();
+        assert_eq!(e.code(), "AUTOCDC_INVALID_STATE.PARTITION_DRIFT");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("bucket[8](id)") && msg.contains("refresh --full"),
+            "{msg}"
+        );
+        // The declared partitioning reopens cleanly.
+        open(tmp.path(), &flow).await;
+    });
+}
+
 /// A crash at each step of the commit protocol, then a restart that applies
 /// the same input again: the table equals the oracle, nothing lost or doubled.
 #[test]
@@ -279,6 +310,18 @@ fn crash_at_every_commit_step_then_reapply_gives_the_oracle() {
 /// The property test again, through the real catalog (fewer cases: it writes files).
 #[test]
 fn random_batchings_through_the_catalog_match_the_oracle() {
+    random_batchings(&[]);
+}
+
+/// Partitioned by the city (a non-key column, so updates move rows between
+/// partitions) and a bucket of the key: position deletes go to the old row's
+/// partition, found after a restart from the manifests.
+#[test]
+fn random_batchings_into_a_partitioned_table_match_the_oracle() {
+    random_batchings(&["city", "bucket[2](id)"]);
+}
+
+fn random_batchings(partition_by: &[&str]) {
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};
     let rt = rt();
@@ -294,7 +337,7 @@ fn random_batchings_through_the_catalog_match_the_oracle() {
     runner
         .run(&strategy, |(changes, cuts, restarts)| {
             let cities = ["Leeds", "York", "Bath"];
-            let flow = flow_for("prop.t");
+            let flow = partitioned_flow_for("prop.t", partition_by);
             let evs: Vec<Ev> = changes
                 .iter()
                 .map(|&(k, del, c, s)| if del { d(k, s) } else { u(k, cities[c], s) })
@@ -329,15 +372,37 @@ fn random_batchings_through_the_catalog_match_the_oracle() {
 /// state stays marked incomplete across restarts.
 #[test]
 fn rows_written_by_another_engine_are_replaced_by_equality_delete() {
+    adopted_table(&[]);
+}
+
+/// Partitioned on a non-key column: the old row's partition is unknown, so
+/// the equality delete is written into every partition that has data.
+#[test]
+fn adopted_table_partitioned_by_a_non_key_column() {
+    adopted_table(&["city"]);
+}
+
+/// Partitioned on the key: the equality delete goes to the key's partition.
+#[test]
+fn adopted_table_partitioned_by_the_key() {
+    adopted_table(&["bucket[4](id)"]);
+}
+
+fn adopted_table(partition_by: &[&str]) {
     use autocdc::snapshot::{self, RowDelta};
-    use autocdc::write::{self, FileNamer};
+    use autocdc::write::{self, FileNamer, Partitioner};
     let tmp = tempfile::tempdir().unwrap();
     rt().block_on(async {
-        let flow = flow_for("adopt.t");
+        let flow = partitioned_flow_for("adopt.t", partition_by);
         let cat = catalog(tmp.path(), Arc::new(Faults::default()));
         // Another engine creates the table and appends two rows.
         let t = cat
-            .create_table(&flow.target, flow.target_schema.clone(), Default::default())
+            .create_table(
+                &flow.target,
+                flow.target_schema.clone(),
+                flow.partition_spec.clone().into_unbound(),
+                Default::default(),
+            )
             .await
             .unwrap();
         let arrow =
@@ -355,16 +420,26 @@ fn rows_written_by_another_engine_are_replaced_by_equality_delete() {
         )
         .unwrap();
         let mut namer = FileNamer::new(t.location());
+        let partitioner = Partitioner::new(
+            t.metadata.default_partition_spec().clone(),
+            t.metadata.current_schema(),
+        )
+        .unwrap();
         let files = write::data_files(
             cat.file_io(),
             &mut namer,
             t.metadata.current_schema().clone(),
             0,
+            partitioner.as_ref(),
             &foreign,
             1 << 20,
         )
         .await
-        .unwrap();
+        .unwrap()
+        .files;
+        // Partitioned by city, the two rows are in two partitions.
+        let by_city = partition_by == ["city"];
+        assert_eq!(files.len(), if by_city { 2 } else { 1 });
         let p = snapshot::produce(
             cat.file_io(),
             &t,
@@ -391,6 +466,8 @@ fn rows_written_by_another_engine_are_replaced_by_equality_delete() {
             (r.stats.removed_by_key, r.stats.removed_by_position),
             (1, 0)
         );
+        // One equality-delete file, or one per partition holding data.
+        assert_eq!(r.delete_files, if by_city { 2 } else { 1 });
         assert_eq!(
             table_rows(&engine).await,
             rows(&[&["1", "New1", "2"], &["2", "Old2", "1"]])

@@ -187,12 +187,13 @@ impl Catalog for HadoopCatalog {
         &self,
         ident: &TableIdent,
         schema: Schema,
+        spec: UnboundPartitionSpec,
         properties: HashMap<String, String>,
     ) -> Result<TableState> {
         let location = self.table_location(ident);
         let metadata = TableMetadataBuilder::new(
             schema,
-            UnboundPartitionSpec::builder().build(),
+            spec,
             SortOrder::unsorted_order(),
             location,
             FormatVersion::V2,

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use iceberg::io::FileIO;
-use iceberg::spec::{Schema, TableMetadataRef};
+use iceberg::spec::{Schema, TableMetadataRef, UnboundPartitionSpec};
 use iceberg::table::Table;
 use iceberg::{TableIdent, TableRequirement, TableUpdate};
 
@@ -57,6 +57,7 @@ pub trait Catalog: Send + Sync + std::fmt::Debug {
         &self,
         ident: &TableIdent,
         schema: Schema,
+        spec: UnboundPartitionSpec,
         properties: HashMap<String, String>,
     ) -> Result<TableState>;
 
