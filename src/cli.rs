@@ -94,6 +94,35 @@ pub enum Command {
     },
     /// Measure end-to-end apply throughput (see README, "Benchmark").
     Bench(crate::bench::BenchArgs),
+    /// Run the HTTP service: producers push change batches, autocdc commits them on a schedule.
+    Serve {
+        /// Without one (and with no ./autocdc.toml) it serves on 127.0.0.1:8080 into ./warehouse.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Overrides `server.listen`.
+        #[arg(long)]
+        listen: Option<String>,
+    },
+    /// Push change files to a running `autocdc serve` (retries, idempotency keys).
+    Push {
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+        #[arg(long)]
+        flow: String,
+        /// Bearer token, when the server requires one (default: $AUTOCDC_TOKEN).
+        #[arg(long)]
+        token: Option<String>,
+        /// Cut each file into requests of this many rows.
+        #[arg(long)]
+        batch_rows: Option<usize>,
+        /// Wait until each batch is committed (answers with the snapshot id).
+        #[arg(long)]
+        wait_commit: bool,
+        #[arg(long, default_value_t = 8)]
+        max_attempts: u32,
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -270,6 +299,44 @@ pub async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Bench(args) => crate::bench::run(args).await,
+        Command::Serve { config, listen } => {
+            let mut cfg = match config {
+                Some(p) => load_config(&p)?,
+                None if Path::new("autocdc.toml").exists() => {
+                    load_config(Path::new("autocdc.toml"))?
+                }
+                None => Config::default(),
+            };
+            if let Some(l) = listen {
+                cfg.server.listen = l;
+            }
+            crate::server::serve(cfg, Arc::new(Faults::default())).await
+        }
+        Command::Push {
+            url,
+            flow,
+            token,
+            batch_rows,
+            wait_commit,
+            max_attempts,
+            files,
+        } => {
+            let args = crate::push::PushArgs {
+                url,
+                flow,
+                files,
+                token: token.or_else(|| std::env::var("AUTOCDC_TOKEN").ok()),
+                batch_rows,
+                wait_commit,
+                max_attempts,
+            };
+            let (batches, rows) = crate::push::push(&args).await?;
+            println!(
+                "pushed {rows} rows in {batches} batches to flow `{}`",
+                args.flow
+            );
+            Ok(())
+        }
     }
 }
 

@@ -367,6 +367,18 @@ impl Engine {
     /// source order). A rejected batch changes nothing. After any other
     /// error the engine must be reopened (its memory may be ahead of the catalog).
     pub async fn apply(&mut self, batch: &RecordBatch, now_ms: i64) -> Result<CommitReport> {
+        let offset = self.input_offset + 1;
+        self.apply_at(batch, now_ms, offset).await
+    }
+
+    /// Like `apply`, recording `input_offset` (the ingest log offset of the
+    /// last change in `batch`) as the committed offset.
+    pub async fn apply_at(
+        &mut self,
+        batch: &RecordBatch,
+        now_ms: i64,
+        input_offset: i64,
+    ) -> Result<CommitReport> {
         if self.poisoned {
             return Err(Error::State {
                 code: "AUTOCDC_INVALID_STATE.REOPEN",
@@ -503,7 +515,6 @@ impl Engine {
         self.faults.hit(FaultPoint::AfterStateCommit)?;
 
         // 3. The target, naming the state snapshot it goes with.
-        let input_offset = self.input_offset + 1;
         report.data_files = data.len();
         report.delete_files = deletes.len();
         report.rows_written = rows.num_rows() as u64;

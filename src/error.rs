@@ -51,6 +51,21 @@ pub enum Error {
     #[error("[AUTOCDC_CONFIG] {0}")]
     Config(String),
 
+    /// A named thing (a flow) does not exist.
+    #[error("[{code}] {message}")]
+    NotFound { code: &'static str, message: String },
+
+    /// Too much is pending; retry after the given seconds.
+    #[error("[AUTOCDC_OVERLOADED] {message}")]
+    Overloaded {
+        message: String,
+        retry_after_secs: u64,
+    },
+
+    /// The service cannot take this now (shutting down, log failed).
+    #[error("[AUTOCDC_UNAVAILABLE] {0}")]
+    Unavailable(String),
+
     #[error("[AUTOCDC_ICEBERG] {0}")]
     Iceberg(#[from] iceberg::Error),
 
@@ -77,7 +92,10 @@ impl Error {
             Error::Definition { code, .. }
             | Error::Batch { code, .. }
             | Error::Input { code, .. }
-            | Error::State { code, .. } => code,
+            | Error::State { code, .. }
+            | Error::NotFound { code, .. } => code,
+            Error::Overloaded { .. } => codes::OVERLOADED,
+            Error::Unavailable(_) => codes::UNAVAILABLE,
             Error::CommitConflict(_) => "AUTOCDC_COMMIT_CONFLICT",
             Error::InjectedFault(_) => "AUTOCDC_INJECTED_FAULT",
             Error::Config(_) => "AUTOCDC_CONFIG",
@@ -123,4 +141,8 @@ pub mod codes {
     pub const SEQUENCE_TIE: &str = "AUTOCDC_MICROBATCH_VALIDATION.SEQUENCE_TIE";
     pub const BAD_COLUMN: &str = "AUTOCDC_MICROBATCH_VALIDATION.COLUMN";
     pub const MISSING_COLUMN: &str = "AUTOCDC_MICROBATCH_VALIDATION.MISSING_COLUMN";
+    pub const MALFORMED_BODY: &str = "AUTOCDC_MICROBATCH_VALIDATION.MALFORMED";
+    pub const FLOW_NOT_FOUND: &str = "AUTOCDC_FLOW_NOT_FOUND";
+    pub const OVERLOADED: &str = "AUTOCDC_OVERLOADED";
+    pub const UNAVAILABLE: &str = "AUTOCDC_UNAVAILABLE";
 }

@@ -25,9 +25,97 @@ const RESERVED_PREFIX: &str = "__autocdc";
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
     pub catalog: CatalogConfig,
     #[serde(default, rename = "flow")]
     pub flows: Vec<FlowConfig>,
+}
+
+/// `[server]`: used by `autocdc serve` only.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// The write-ahead logs and the flows created over HTTP live here.
+    #[serde(default = "default_data_dir")]
+    pub data_dir: String,
+    /// Bearer tokens; none means no authentication.
+    #[serde(default)]
+    pub tokens: Vec<TokenConfig>,
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+    #[serde(default = "default_request_timeout")]
+    pub request_timeout: String,
+    /// How long an idempotency key is remembered after its batch was committed.
+    #[serde(default = "default_idempotency_window")]
+    pub idempotency_window: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    pub token: String,
+    /// The flows this token may use; empty means all.
+    #[serde(default)]
+    pub flows: Vec<String>,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+fn default_data_dir() -> String {
+    "./autocdc-data".into()
+}
+fn default_max_body() -> usize {
+    64 << 20
+}
+fn default_request_timeout() -> String {
+    "60s".into()
+}
+fn default_idempotency_window() -> String {
+    "15m".into()
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: default_listen(),
+            data_dir: default_data_dir(),
+            tokens: Vec::new(),
+            max_body_bytes: default_max_body(),
+            request_timeout: default_request_timeout(),
+            idempotency_window: default_idempotency_window(),
+        }
+    }
+}
+
+impl ServerConfig {
+    pub fn request_timeout(&self) -> Result<Duration> {
+        parse_duration_setting("server.request_timeout", &self.request_timeout)
+    }
+    pub fn idempotency_window(&self) -> Result<Duration> {
+        parse_duration_setting("server.idempotency_window", &self.idempotency_window)
+    }
+}
+
+fn parse_duration_setting(name: &str, s: &str) -> Result<Duration> {
+    humantime::parse_duration(s).map_err(|e| {
+        Error::Config(format!(
+            "{name} = \"{s}\" is not a duration ({e}); write e.g. \"30s\""
+        ))
+    })
+}
+
+/// When `autocdc serve` commits a flow's pending changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitPolicy {
+    pub interval: Duration,
+    pub max_rows: u64,
+    pub max_bytes: u64,
+    /// Over this many uncommitted bytes, pushes are refused (429) until a commit.
+    pub max_uncommitted_bytes: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -117,6 +205,18 @@ pub struct FlowConfig {
     /// Target size of one data file; files roll over at about this many bytes.
     #[serde(default)]
     pub target_file_size_bytes: Option<u64>,
+    /// `autocdc serve`: commit pending changes this often (default "10s") ...
+    #[serde(default)]
+    pub commit_interval: Option<String>,
+    /// ... or as soon as this many rows (default 1,000,000) ...
+    #[serde(default)]
+    pub commit_max_rows: Option<u64>,
+    /// ... or bytes (default 256 MiB) are pending.
+    #[serde(default)]
+    pub commit_max_bytes: Option<u64>,
+    /// Pushes are refused with 429 above this many uncommitted bytes (default 1 GiB).
+    #[serde(default)]
+    pub max_uncommitted_bytes: Option<u64>,
 }
 
 fn default_scd_type() -> u8 {
@@ -142,6 +242,7 @@ pub struct Flow {
     /// The target's partition spec, bound to `target_schema` (unpartitioned when empty).
     pub partition_spec: PartitionSpec,
     pub tombstone_gc: Duration,
+    pub commit: CommitPolicy,
     pub on_tie: TiePolicy,
     pub target_file_size_bytes: u64,
 }
@@ -471,7 +572,24 @@ impl Flow {
                 )
             })?,
         };
+        let interval = match &config.commit_interval {
+            None => Duration::from_secs(10),
+            Some(s) => humantime::parse_duration(s).map_err(|e| {
+                Error::definition(
+                    f,
+                    codes::INVALID_DEFINITION,
+                    format!("commit_interval `{s}` is not a duration ({e}); write e.g. \"10s\""),
+                )
+            })?,
+        };
+        let commit = CommitPolicy {
+            interval: interval.max(Duration::from_millis(10)),
+            max_rows: config.commit_max_rows.unwrap_or(1_000_000).max(1),
+            max_bytes: config.commit_max_bytes.unwrap_or(256 << 20).max(1),
+            max_uncommitted_bytes: config.max_uncommitted_bytes.unwrap_or(1 << 30).max(1),
+        };
         Ok(Flow {
+            commit,
             name: flow.clone(),
             target,
             on_tie: config.on_sequence_tie,

@@ -139,6 +139,189 @@ pub fn conform(flow: &Flow, batch: &RecordBatch) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(schema, cols)?)
 }
 
+/// Decodes a request body of NDJSON (one change per line) into the flow's
+/// source schema. Unknown fields are rejected. On error the offending line
+/// (0-based row) is found by decoding line by line, only then.
+pub fn decode_ndjson(flow: &Flow, body: &[u8]) -> Result<RecordBatch> {
+    let decode = |bytes: &[u8]| -> std::result::Result<Vec<RecordBatch>, arrow_schema::ArrowError> {
+        arrow_json::ReaderBuilder::new(flow.source_arrow.clone())
+            .with_batch_size(64 * 1024)
+            .with_strict_mode(true)
+            .build(bytes)?
+            .collect()
+    };
+    match decode(body) {
+        Ok(batches) => concat(flow, batches),
+        Err(e) => {
+            let mut row = 0;
+            for line in body.split(|&b| b == b'\n') {
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(line) {
+                    return Err(body_err(
+                        flow,
+                        codes::MALFORMED_BODY,
+                        Some(row),
+                        None,
+                        format!("line {} is not valid JSON: {e}", row + 1),
+                    ));
+                }
+                if let Err(e) = decode(line) {
+                    return Err(value_err(flow, row, &e));
+                }
+                row += 1;
+            }
+            Err(value_err(flow, 0, &e))
+        }
+    }
+}
+
+/// Decodes a JSON array of change objects.
+pub fn decode_json_array(flow: &Flow, body: &[u8]) -> Result<RecordBatch> {
+    let rows: Vec<serde_json::Map<String, serde_json::Value>> = serde_json::from_slice(body)
+        .map_err(|e| {
+            body_err(
+                flow,
+                codes::MALFORMED_BODY,
+                None,
+                None,
+                format!("the body is not a JSON array of objects: {e}"),
+            )
+        })?;
+    let decode = |rows: &[serde_json::Map<String, serde_json::Value>]| -> std::result::Result<Vec<RecordBatch>, arrow_schema::ArrowError> {
+        let mut d = arrow_json::ReaderBuilder::new(flow.source_arrow.clone())
+            .with_batch_size(rows.len().max(1))
+            .with_strict_mode(true)
+            .build_decoder()?;
+        d.serialize(rows)?;
+        Ok(d.flush()?.into_iter().collect())
+    };
+    match decode(&rows) {
+        Ok(batches) => concat(flow, batches),
+        Err(e) => {
+            for i in 0..rows.len() {
+                if let Err(e) = decode(&rows[i..i + 1]) {
+                    return Err(value_err(flow, i, &e));
+                }
+            }
+            Err(value_err(flow, 0, &e))
+        }
+    }
+}
+
+/// Decodes an Arrow IPC stream; columns are matched by name and cast.
+pub fn decode_arrow_ipc(flow: &Flow, body: &[u8]) -> Result<RecordBatch> {
+    let reader = arrow_ipc::reader::StreamReader::try_new(body, None).map_err(|e| {
+        body_err(
+            flow,
+            codes::MALFORMED_BODY,
+            None,
+            None,
+            format!("the body is not an Arrow IPC stream: {e}"),
+        )
+    })?;
+    let mut out = Vec::new();
+    for b in reader {
+        let b = b.map_err(|e| {
+            body_err(
+                flow,
+                codes::MALFORMED_BODY,
+                None,
+                None,
+                format!("the Arrow IPC stream is damaged: {e}"),
+            )
+        })?;
+        for f in b.schema().fields() {
+            if flow.source_arrow.field_with_name(f.name()).is_err() {
+                return Err(body_err(
+                    flow,
+                    codes::BAD_COLUMN,
+                    None,
+                    Some(f.name().clone()),
+                    format!("column `{}` is not a column of the flow", f.name()),
+                ));
+            }
+        }
+        out.push(conform(flow, &b)?);
+    }
+    concat(flow, out)
+}
+
+/// The batch as an Arrow IPC stream (the ingest log's payload).
+pub fn encode_arrow_ipc(batch: &RecordBatch) -> Result<Vec<u8>> {
+    let mut w = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), &batch.schema())?;
+    w.write(batch)?;
+    w.finish()?;
+    Ok(w.into_inner()?)
+}
+
+fn concat(flow: &Flow, batches: Vec<RecordBatch>) -> Result<RecordBatch> {
+    if batches.is_empty() {
+        return Ok(RecordBatch::new_empty(flow.source_arrow.clone()));
+    }
+    Ok(arrow_select::concat::concat_batches(
+        &flow.source_arrow,
+        &batches,
+    )?)
+}
+
+fn body_err(
+    flow: &Flow,
+    code: &'static str,
+    row: Option<usize>,
+    column: Option<String>,
+    message: String,
+) -> Error {
+    match (row, column) {
+        (Some(row), column) => Error::Batch {
+            code,
+            flow: flow.name.clone(),
+            row,
+            column: column.unwrap_or_default(),
+            message,
+        },
+        (None, Some(column)) => Error::Input {
+            code,
+            flow: flow.name.clone(),
+            message: format!("column `{column}`: {message}"),
+        },
+        (None, None) => Error::Input {
+            code,
+            flow: flow.name.clone(),
+            message,
+        },
+    }
+}
+
+/// A value arrow-json could not read: name the row and, when the message
+/// names one, the column.
+fn value_err(flow: &Flow, row: usize, e: &arrow_schema::ArrowError) -> Error {
+    let msg = e.to_string();
+    let column = flow
+        .source_arrow
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .find(|n| {
+            msg.contains(&format!("'{n}'"))
+                || msg.contains(&format!("\"{n}\""))
+                || msg.contains(&format!("`{n}`"))
+        })
+        .or_else(|| {
+            // Strict mode names an unknown field: "column 'x' missing from schema".
+            msg.split('\'').nth(1).map(str::to_string)
+        })
+        .unwrap_or_default();
+    Error::Batch {
+        code: codes::BAD_COLUMN,
+        flow: flow.name.clone(),
+        row,
+        column,
+        message: format!("cannot be read as the flow's columns: {msg}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,571 @@
+//! The HTTP API of `autocdc serve` (axum): decodes requests, checks tokens,
+//! calls `service`, and turns `Error`s into `{"error": {...}}` responses with
+//! a status and a stable code. No flow logic lives here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::error::{Error, codes};
+use crate::flow::FlowConfig;
+use crate::input;
+use crate::service::{COMMIT_BUCKETS, Service};
+
+pub const NDJSON: &str = "application/x-ndjson";
+pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
+
+/// An error response: HTTP status plus the library error.
+pub struct ApiError(pub StatusCode, pub Error);
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        let status = match &e {
+            Error::Batch { code, .. }
+                if *code == codes::NULL_KEY
+                    || *code == codes::NULL_SEQUENCE
+                    || *code == codes::SEQUENCE_TIE =>
+            {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
+            Error::Batch { .. } | Error::Input { .. } | Error::Definition { .. } => {
+                StatusCode::BAD_REQUEST
+            }
+            Error::Config(_) | Error::Json(_) => StatusCode::BAD_REQUEST,
+            Error::NotFound { .. } => StatusCode::NOT_FOUND,
+            Error::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Error::State { code, .. } if code.contains("DRIFT") => StatusCode::CONFLICT,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(status, e)
+    }
+}
+
+fn plain(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError(
+        status,
+        Error::NotFound {
+            code,
+            message: message.into(),
+        },
+    )
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let ApiError(status, e) = self;
+        let mut body = json!({ "code": e.code(), "message": e.to_string() });
+        if let Error::Batch { row, column, .. } = &e {
+            body["row"] = json!(row);
+            if !column.is_empty() {
+                body["column"] = json!(column);
+            }
+        }
+        let mut resp = (status, Json(json!({ "error": body }))).into_response();
+        if let Error::Overloaded {
+            retry_after_secs, ..
+        } = &e
+        {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
+        }
+        resp
+    }
+}
+
+type ApiResult<T> = std::result::Result<T, ApiError>;
+
+pub fn router(service: Arc<Service>) -> Router {
+    let limit = service.config.max_body_bytes;
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/v1/flows", get(list_flows))
+        .route(
+            "/v1/flows/{flow}",
+            get(get_flow).put(put_flow).delete(delete_flow),
+        )
+        .route("/v1/flows/{flow}/changes", post(post_changes))
+        .route("/v1/flows/{flow}/commit", post(post_commit))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(service)
+}
+
+/// Checks the bearer token when tokens are configured.
+fn authorize(service: &Service, headers: &HeaderMap, flow: Option<&str>) -> ApiResult<()> {
+    let tokens = &service.config.tokens;
+    if tokens.is_empty() {
+        return Ok(());
+    }
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(given) = given else {
+        return Err(plain(
+            StatusCode::UNAUTHORIZED,
+            "AUTOCDC_UNAUTHORIZED",
+            "missing `Authorization: Bearer <token>`",
+        ));
+    };
+    let Some(t) = tokens.iter().find(|t| t.token == given) else {
+        return Err(plain(
+            StatusCode::UNAUTHORIZED,
+            "AUTOCDC_UNAUTHORIZED",
+            "unknown token",
+        ));
+    };
+    match flow {
+        Some(f) if !t.flows.is_empty() && !t.flows.iter().any(|x| x == f) => Err(plain(
+            StatusCode::FORBIDDEN,
+            "AUTOCDC_FORBIDDEN",
+            format!("this token may not use flow `{f}`"),
+        )),
+        None if !t.flows.is_empty() => Err(plain(
+            StatusCode::FORBIDDEN,
+            "AUTOCDC_FORBIDDEN",
+            "this token is limited to some flows",
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[derive(Deserialize)]
+struct ChangesQuery {
+    wait: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ChangesResponse {
+    accepted: usize,
+    offset: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    snapshot_id: Option<Option<i64>>,
+}
+
+async fn post_changes(
+    State(service): State<Arc<Service>>,
+    Path(flow): Path<String>,
+    Query(q): Query<ChangesQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    authorize(&service, &headers, Some(&flow))?;
+    let rt = service.flow(&flow)?;
+    let ctype = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let f = rt.flow.clone();
+    let batch = tokio::task::spawn_blocking(move || match ctype.as_str() {
+        NDJSON | "application/jsonl" => Ok(input::decode_ndjson(&f, &body)),
+        "application/json" => Ok(input::decode_json_array(&f, &body)),
+        ARROW_STREAM => Ok(input::decode_arrow_ipc(&f, &body)),
+        other => Err(other.to_string()),
+    })
+    .await
+    .map_err(|e| ApiError::from(Error::Unavailable(e.to_string())))?;
+    let batch = match batch {
+        Ok(b) => b?,
+        Err(other) => {
+            return Err(plain(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "AUTOCDC_UNSUPPORTED_MEDIA_TYPE",
+                format!(
+                    "content type `{other}` is not accepted; use {NDJSON}, application/json (an array of objects) or {ARROW_STREAM}"
+                ),
+            ));
+        }
+    };
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if key.as_ref().is_some_and(|k| k.len() > 200) {
+        return Err(plain(
+            StatusCode::BAD_REQUEST,
+            "AUTOCDC_BAD_IDEMPOTENCY_KEY",
+            "Idempotency-Key is longer than 200 bytes",
+        ));
+    }
+    let accepted = service.ingest(&rt, batch, key).await?;
+    if q.wait.as_deref() == Some("commit") {
+        let mut rx = rt.subscribe();
+        rt.commit_soon();
+        let timeout = service
+            .config
+            .request_timeout()
+            .unwrap_or(Duration::from_secs(60));
+        let done = tokio::time::timeout(timeout, rx.wait_for(|c| c.offset >= accepted.offset))
+            .await
+            .map_err(|_| {
+                plain(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "AUTOCDC_COMMIT_TIMEOUT",
+                    format!(
+                        "batch {} is durable but not committed within {timeout:?}; it will be",
+                        accepted.offset
+                    ),
+                )
+            })?
+            .map_err(|_| ApiError::from(Error::Unavailable("the flow stopped".into())))?;
+        let snapshot_id = done.snapshot_id;
+        return Ok((
+            StatusCode::OK,
+            Json(ChangesResponse {
+                accepted: accepted.accepted,
+                offset: accepted.offset,
+                snapshot_id: Some(snapshot_id),
+            }),
+        )
+            .into_response());
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(ChangesResponse {
+            accepted: accepted.accepted,
+            offset: accepted.offset,
+            snapshot_id: None,
+        }),
+    )
+        .into_response())
+}
+
+async fn post_commit(
+    State(service): State<Arc<Service>>,
+    Path(flow): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&service, &headers, Some(&flow))?;
+    let rt = service.flow(&flow)?;
+    let target = rt.status().applied_offset.max(0);
+    let pending = rt.status().pending_batches;
+    if pending == 0 {
+        return Ok(Json(json!({ "snapshot_id": null, "offset": target })));
+    }
+    let mut rx = rt.subscribe();
+    let before = rx.borrow().snapshot_id;
+    rt.commit_soon();
+    // Everything pending now: wait until the applied offset passes the last one.
+    let last = target + pending as i64;
+    let timeout = service
+        .config
+        .request_timeout()
+        .unwrap_or(Duration::from_secs(60));
+    let done = tokio::time::timeout(timeout, rx.wait_for(|c| c.offset >= last))
+        .await
+        .map_err(|_| {
+            plain(
+                StatusCode::GATEWAY_TIMEOUT,
+                "AUTOCDC_COMMIT_TIMEOUT",
+                format!("the commit did not finish within {timeout:?}; see GET /v1/flows/{flow}"),
+            )
+        })?
+        .map_err(|_| ApiError::from(Error::Unavailable("the flow stopped".into())))?;
+    let snapshot = if done.snapshot_id != before {
+        done.snapshot_id
+    } else {
+        None
+    };
+    Ok(Json(
+        json!({ "snapshot_id": snapshot, "offset": done.offset }),
+    ))
+}
+
+async fn list_flows(
+    State(service): State<Arc<Service>>,
+    headers: HeaderMap,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&service, &headers, None)?;
+    let flows: Vec<_> = service
+        .flows()
+        .iter()
+        .map(|rt| json!({ "name": rt.flow.name, "target": rt.flow.target.to_string(), "status": rt.status() }))
+        .collect();
+    Ok(Json(json!({ "flows": flows })))
+}
+
+async fn get_flow(
+    State(service): State<Arc<Service>>,
+    Path(flow): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Json<serde_json::Value>> {
+    authorize(&service, &headers, Some(&flow))?;
+    let rt = service.flow(&flow)?;
+    Ok(Json(
+        json!({ "name": rt.flow.name, "definition": rt.flow.config, "status": rt.status() }),
+    ))
+}
+
+async fn put_flow(
+    State(service): State<Arc<Service>>,
+    Path(flow): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    authorize(&service, &headers, Some(&flow))?;
+    let mut value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
+        plain(
+            StatusCode::BAD_REQUEST,
+            codes::INVALID_DEFINITION,
+            format!("the body is not a JSON flow definition: {e}"),
+        )
+    })?;
+    if let Some(obj) = value.as_object_mut() {
+        obj.entry("name").or_insert_with(|| json!(flow));
+    }
+    let cfg: FlowConfig = serde_json::from_value(value).map_err(|e| {
+        plain(
+            StatusCode::BAD_REQUEST,
+            codes::INVALID_DEFINITION,
+            format!("invalid flow definition: {e}"),
+        )
+    })?;
+    if cfg.name != flow {
+        return Err(plain(
+            StatusCode::BAD_REQUEST,
+            codes::INVALID_DEFINITION,
+            format!("the body names flow `{}` but the path `{flow}`", cfg.name),
+        ));
+    }
+    let existed = service.flow(&flow).is_ok();
+    let rt = service.put_flow(cfg).await?;
+    let status = if existed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((
+        status,
+        Json(json!({ "name": rt.flow.name, "definition": rt.flow.config, "status": rt.status() })),
+    )
+        .into_response())
+}
+
+async fn delete_flow(
+    State(service): State<Arc<Service>>,
+    Path(flow): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<StatusCode> {
+    authorize(&service, &headers, Some(&flow))?;
+    service.delete_flow(&flow).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn readyz(State(service): State<Arc<Service>>) -> Response {
+    let flows = service.flows();
+    let degraded: Vec<_> = flows
+        .iter()
+        .filter(|rt| rt.status().degraded)
+        .map(|rt| rt.flow.name.clone())
+        .collect();
+    if !service.is_ready() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "starting" })),
+        )
+            .into_response();
+    }
+    if !degraded.is_empty() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "degraded", "flows": degraded })),
+        )
+            .into_response();
+    }
+    Json(json!({ "status": "ready" })).into_response()
+}
+
+/// Prometheus text format.
+async fn metrics(State(service): State<Arc<Service>>) -> Response {
+    use std::fmt::Write;
+    let mut out = String::new();
+    type Metric = (
+        &'static str,
+        &'static str,
+        fn(&crate::service::FlowStatus) -> f64,
+    );
+    let counters: [Metric; 14] = [
+        ("autocdc_rows_in_total", "counter", |s| {
+            s.counters.rows_in as f64
+        }),
+        ("autocdc_upserts_total", "counter", |s| {
+            s.counters.upserts as f64
+        }),
+        ("autocdc_deletes_total", "counter", |s| {
+            s.counters.deletes as f64
+        }),
+        ("autocdc_stale_total", "counter", |s| {
+            s.counters.stale as f64
+        }),
+        ("autocdc_duplicates_total", "counter", |s| {
+            s.counters.duplicates as f64
+        }),
+        ("autocdc_ties_total", "counter", |s| s.counters.ties as f64),
+        ("autocdc_accepted_batches_total", "counter", |s| {
+            s.accepted_batches as f64
+        }),
+        ("autocdc_rejected_batches_total", "counter", |s| {
+            s.rejected_batches as f64
+        }),
+        ("autocdc_commits_total", "counter", |s| s.commits as f64),
+        ("autocdc_pending_rows", "gauge", |s| s.pending_rows as f64),
+        ("autocdc_pending_bytes", "gauge", |s| s.pending_bytes as f64),
+        ("autocdc_wal_bytes", "gauge", |s| s.wal.bytes as f64),
+        ("autocdc_state_keys", "gauge", |s| s.state_keys as f64),
+        ("autocdc_committed_offset", "gauge", |s| {
+            s.committed_offset as f64
+        }),
+    ];
+    let flows = service.flows();
+    let statuses: Vec<_> = flows
+        .iter()
+        .map(|rt| (rt.flow.name.clone(), rt.status()))
+        .collect();
+    for (name, kind, f) in counters {
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (flow, s) in &statuses {
+            let _ = writeln!(out, "{name}{{flow=\"{flow}\"}} {}", f(s));
+        }
+    }
+    let _ = writeln!(out, "# TYPE autocdc_commit_latency_ms histogram");
+    for rt in &flows {
+        let h = *rt.commit_hist.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cum = 0;
+        for (i, ub) in COMMIT_BUCKETS.iter().enumerate() {
+            cum += h[i];
+            let _ = writeln!(
+                out,
+                "autocdc_commit_latency_ms_bucket{{flow=\"{}\",le=\"{ub}\"}} {cum}",
+                rt.flow.name
+            );
+        }
+        cum += h[COMMIT_BUCKETS.len()];
+        let s = rt.status();
+        let _ = writeln!(
+            out,
+            "autocdc_commit_latency_ms_bucket{{flow=\"{0}\",le=\"+Inf\"}} {cum}\nautocdc_commit_latency_ms_sum{{flow=\"{0}\"}} {1}\nautocdc_commit_latency_ms_count{{flow=\"{0}\"}} {cum}",
+            rt.flow.name, s.commit_ms_total
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# TYPE autocdc_ready gauge\nautocdc_ready {}",
+        service.is_ready() as u8
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+/// A started service: its address, the service and the HTTP task.
+pub struct Running {
+    pub addr: std::net::SocketAddr,
+    pub service: Arc<Service>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Running {
+    /// Stops accepting, waits for in-flight requests, commits what is pending.
+    pub async fn stop(self) -> crate::Result<()> {
+        let _ = self.stop.send(true);
+        let res = self.server.await;
+        self.service.shutdown().await;
+        match res {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.into()),
+            Err(e) => Err(Error::Unavailable(e.to_string())),
+        }
+    }
+
+    /// Waits for SIGTERM / SIGINT, then stops.
+    pub async fn until_signal(self) -> crate::Result<()> {
+        shutdown_signal().await;
+        eprintln!("autocdc: stopping; committing what is pending");
+        self.stop().await
+    }
+}
+
+/// Binds `server.listen`, serves HTTP, and recovers every flow from its log;
+/// returns once the service is ready.
+pub async fn start(
+    config: crate::flow::Config,
+    faults: Arc<crate::fault::Faults>,
+) -> crate::Result<Running> {
+    let catalog = crate::catalog::open(&config.catalog, faults.clone())?;
+    let flows = config.flows()?;
+    let service = Service::new(config.server.clone(), catalog, faults)?;
+    let listener = tokio::net::TcpListener::bind(&config.server.listen)
+        .await
+        .map_err(|e| Error::Config(format!("server.listen = {}: {e}", config.server.listen)))?;
+    let addr = listener.local_addr()?;
+    let app = router(service.clone());
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    eprintln!(
+        "autocdc: listening on http://{addr} (data_dir {}); recovering {} flow(s)",
+        config.server.data_dir,
+        flows.len()
+    );
+    if let Err(e) = service.start(flows).await {
+        server.abort();
+        return Err(e);
+    }
+    eprintln!("autocdc: ready");
+    Ok(Running {
+        addr,
+        service,
+        server,
+        stop,
+    })
+}
+
+/// `autocdc serve`: runs until SIGTERM or SIGINT, then commits what is pending.
+pub async fn serve(
+    config: crate::flow::Config,
+    faults: Arc<crate::fault::Faults>,
+) -> crate::Result<()> {
+    start(config, faults).await?.until_signal().await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

@@ -1,0 +1,550 @@
+//! The service core of `autocdc serve`, without HTTP: the flows of one
+//! process, each with its ingest log, its pending batches and a committer
+//! task that owns its engine.
+//!
+//! Path of a batch: `ingest` (validated, appended and fsync'd to the flow's
+//! log, acknowledged with its offset) -> pending -> the committer drains the
+//! contiguous run of pending offsets into one snapshot on the flow's
+//! schedule -> the log is released through the committed offset.
+//!
+//! Invariants: nothing is acknowledged before it is in the log; the
+//! committed offset only covers batches whose every predecessor is
+//! committed too (pending is drained in offset order, without gaps); a
+//! restart replays the log after the target's `autocdc.input-offset`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
+use bytes::Bytes;
+use serde::Serialize;
+use tokio::sync::{Notify, watch};
+
+use crate::catalog::Catalog;
+use crate::engine::Engine;
+use crate::error::{Error, Result, codes};
+use crate::fault::Faults;
+use crate::flow::{Flow, FlowConfig, ServerConfig};
+use crate::input;
+use crate::resolve::{self, BatchStats};
+use crate::wal::{IngestLog, LocalLog, LogStats};
+
+const WAL_SEGMENT_BYTES: u64 = 64 << 20;
+const WAL_QUEUE: usize = 1024;
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// What a flow reports (`GET /v1/flows/{flow}`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FlowStatus {
+    /// Offset recorded in the target's latest snapshot.
+    pub committed_offset: i64,
+    /// Highest offset applied (batches that changed nothing need no snapshot).
+    pub applied_offset: i64,
+    pub pending_batches: usize,
+    pub pending_rows: u64,
+    pub pending_bytes: u64,
+    pub last_snapshot_id: Option<i64>,
+    pub last_commit_ms: Option<i64>,
+    pub commits: u64,
+    pub accepted_batches: u64,
+    pub rejected_batches: u64,
+    pub counters: BatchStats,
+    pub state_keys: usize,
+    pub state_tombstones: usize,
+    pub wal: LogStats,
+    /// Set while commits fail; pushes are still accepted up to the cap.
+    pub last_error: Option<String>,
+    pub degraded: bool,
+    pub commit_ms_total: f64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Committed {
+    pub offset: i64,
+    pub snapshot_id: Option<i64>,
+}
+
+/// An accepted push.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Accepted {
+    pub accepted: usize,
+    pub offset: i64,
+    /// The idempotency key was seen before; nothing new was appended.
+    pub duplicate: bool,
+}
+
+struct Pending {
+    batch: RecordBatch,
+    bytes: u64,
+}
+
+struct Inner {
+    pending: BTreeMap<i64, Pending>,
+    status: FlowStatus,
+}
+
+/// One running flow.
+pub struct FlowRuntime {
+    pub flow: Flow,
+    log: Arc<dyn IngestLog>,
+    inner: Mutex<Inner>,
+    wake: Notify,
+    committed: watch::Sender<Committed>,
+    stop: watch::Sender<bool>,
+    /// Commit latencies, for the metrics histogram (bucket upper bounds in ms).
+    pub commit_hist: Mutex<[u64; COMMIT_BUCKETS.len() + 1]>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+pub const COMMIT_BUCKETS: [f64; 8] = [10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0, 30000.0];
+
+impl FlowRuntime {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn status(&self) -> FlowStatus {
+        let mut s = self.lock().status.clone();
+        s.wal = self.log.stats();
+        s
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Committed> {
+        self.committed.subscribe()
+    }
+
+    /// Asks the committer to commit now.
+    pub fn commit_soon(&self) {
+        self.wake.notify_one();
+    }
+}
+
+/// All flows of the process.
+pub struct Service {
+    pub config: ServerConfig,
+    catalog: Arc<dyn Catalog>,
+    faults: Arc<Faults>,
+    data_dir: PathBuf,
+    window: Duration,
+    flows: RwLock<HashMap<String, Arc<FlowRuntime>>>,
+    ready: std::sync::atomic::AtomicBool,
+}
+
+impl Service {
+    pub fn new(
+        config: ServerConfig,
+        catalog: Arc<dyn Catalog>,
+        faults: Arc<Faults>,
+    ) -> Result<Arc<Service>> {
+        let data_dir = PathBuf::from(&config.data_dir);
+        std::fs::create_dir_all(data_dir.join("flows")).map_err(|e| {
+            Error::Config(format!(
+                "server.data_dir = {}: cannot create it: {e}",
+                data_dir.display()
+            ))
+        })?;
+        Ok(Arc::new(Service {
+            window: config.idempotency_window()?,
+            config,
+            catalog,
+            faults,
+            data_dir,
+            flows: RwLock::new(HashMap::new()),
+            ready: false.into(),
+        }))
+    }
+
+    fn flow_dir(&self, name: &str) -> PathBuf {
+        self.data_dir.join("flows").join(name)
+    }
+
+    /// Starts the flows of the config file and those created over HTTP
+    /// earlier (persisted in `data_dir`), recovering each from its log.
+    pub async fn start(self: &Arc<Self>, configured: Vec<Flow>) -> Result<()> {
+        let mut flows: HashMap<String, Flow> = HashMap::new();
+        for entry in std::fs::read_dir(self.data_dir.join("flows"))? {
+            let path = entry?.path().join("flow.json");
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                let cfg: FlowConfig = serde_json::from_str(&text)
+                    .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+                let flow = Flow::new(cfg)?;
+                flows.insert(flow.name.clone(), flow);
+            }
+        }
+        for f in configured {
+            flows.insert(f.name.clone(), f);
+        }
+        for (_, flow) in flows {
+            self.start_flow(flow).await?;
+        }
+        self.ready.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn flow(&self, name: &str) -> Result<Arc<FlowRuntime>> {
+        self.flows
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::NotFound {
+                code: codes::FLOW_NOT_FOUND,
+                message: format!(
+                    "flow `{name}` does not exist; create it with PUT /v1/flows/{name}"
+                ),
+            })
+    }
+
+    pub fn flows(&self) -> Vec<Arc<FlowRuntime>> {
+        let mut v: Vec<_> = self
+            .flows
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.flow.name.cmp(&b.flow.name));
+        v
+    }
+
+    /// Creates or replaces a flow definition and persists it in `data_dir`.
+    pub async fn put_flow(self: &Arc<Self>, cfg: FlowConfig) -> Result<Arc<FlowRuntime>> {
+        let flow = Flow::new(cfg.clone())?;
+        if let Ok(old) = self.flow(&flow.name) {
+            self.stop_flow(&old).await;
+        }
+        let dir = self.flow_dir(&flow.name);
+        std::fs::create_dir_all(&dir)?;
+        let tmp = dir.join("flow.json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&cfg)?)?;
+        std::fs::rename(&tmp, dir.join("flow.json"))?;
+        self.start_flow(flow).await
+    }
+
+    /// Stops a flow (committing what is pending) and forgets its definition;
+    /// the table and the log directory stay.
+    pub async fn delete_flow(&self, name: &str) -> Result<()> {
+        let rt = self.flow(name)?;
+        self.stop_flow(&rt).await;
+        let _ = std::fs::remove_file(self.flow_dir(name).join("flow.json"));
+        self.flows
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        Ok(())
+    }
+
+    async fn stop_flow(&self, rt: &Arc<FlowRuntime>) {
+        let _ = rt.stop.send(true);
+        rt.wake.notify_one();
+        let task = rt.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = task {
+            let _ = t.await;
+        }
+    }
+
+    /// Stops every flow after a last commit of what is pending.
+    pub async fn shutdown(&self) {
+        self.ready.store(false, std::sync::atomic::Ordering::SeqCst);
+        for rt in self.flows() {
+            self.stop_flow(&rt).await;
+        }
+    }
+
+    async fn start_flow(self: &Arc<Self>, flow: Flow) -> Result<Arc<FlowRuntime>> {
+        let engine = Engine::open(flow.clone(), self.catalog.clone(), self.faults.clone()).await?;
+        let summary = engine.summary();
+        let committed = summary.input_offset;
+        let dir = self.flow_dir(&flow.name).join("wal");
+        let log: Arc<dyn IngestLog> = Arc::new(LocalLog::open(
+            &dir,
+            committed,
+            WAL_SEGMENT_BYTES,
+            WAL_QUEUE,
+        )?);
+        let records = log.replay(committed).await?;
+        let mut pending = BTreeMap::new();
+        let mut bytes_total = 0;
+        let mut rows_total = 0;
+        for r in &records {
+            let batch = input::decode_arrow_ipc(&flow, &r.payload)?;
+            rows_total += batch.num_rows() as u64;
+            bytes_total += r.payload.len() as u64;
+            pending.insert(
+                r.offset,
+                Pending {
+                    batch,
+                    bytes: r.payload.len() as u64,
+                },
+            );
+        }
+        // Offsets released without a snapshot (batches that changed nothing)
+        // are behind the first retained one.
+        let applied = match records.first() {
+            Some(r) => r.offset - 1,
+            None => committed.max(log.stats().next_offset - 1),
+        };
+        let status = FlowStatus {
+            committed_offset: committed,
+            applied_offset: applied,
+            pending_batches: pending.len(),
+            pending_rows: rows_total,
+            pending_bytes: bytes_total,
+            state_keys: summary.keys,
+            state_tombstones: summary.tombstones,
+            ..Default::default()
+        };
+        let (committed_tx, _) = watch::channel(Committed {
+            offset: applied,
+            snapshot_id: engine.target().metadata.current_snapshot_id(),
+        });
+        let rt = Arc::new(FlowRuntime {
+            flow: flow.clone(),
+            log,
+            inner: Mutex::new(Inner { pending, status }),
+            wake: Notify::new(),
+            committed: committed_tx,
+            stop: watch::channel(false).0,
+            commit_hist: Mutex::new([0; COMMIT_BUCKETS.len() + 1]),
+            task: Mutex::new(None),
+        });
+        let task = tokio::spawn(committer(
+            rt.clone(),
+            engine,
+            self.catalog.clone(),
+            self.faults.clone(),
+            self.window,
+        ));
+        *rt.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        self.flows
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(flow.name.clone(), rt.clone());
+        Ok(rt)
+    }
+
+    /// Validates a decoded batch, makes it durable and queues it for commit.
+    pub async fn ingest(
+        &self,
+        rt: &FlowRuntime,
+        batch: RecordBatch,
+        key: Option<String>,
+    ) -> Result<Accepted> {
+        if let Err(e) = resolve::validate(&rt.flow, &batch) {
+            rt.lock().status.rejected_batches += 1;
+            return Err(e);
+        }
+        if *rt.stop.borrow() {
+            return Err(Error::Unavailable(format!(
+                "flow `{}` is stopping",
+                rt.flow.name
+            )));
+        }
+        let payload = Bytes::from(input::encode_arrow_ipc(&batch)?);
+        let bytes = payload.len() as u64;
+        {
+            let inner = rt.lock();
+            let cap = rt.flow.commit.max_uncommitted_bytes;
+            if inner.status.pending_bytes > 0 && inner.status.pending_bytes + bytes > cap {
+                let secs = rt.flow.commit.interval.as_secs().clamp(1, 60);
+                return Err(Error::Overloaded {
+                    message: format!(
+                        "flow `{}` has {} uncommitted bytes (max_uncommitted_bytes = {cap}); retry after a commit",
+                        rt.flow.name, inner.status.pending_bytes
+                    ),
+                    retry_after_secs: secs,
+                });
+            }
+        }
+        let rows = batch.num_rows();
+        let appended = rt.log.append(key, payload, now_ms()).await?;
+        let wake = {
+            let mut inner = rt.lock();
+            if !appended.duplicate {
+                inner.status.accepted_batches += 1;
+                // A retry of a batch that is already committed and released is not re-queued.
+                if appended.offset > inner.status.applied_offset {
+                    inner
+                        .pending
+                        .insert(appended.offset, Pending { batch, bytes });
+                    inner.status.pending_batches += 1;
+                    inner.status.pending_rows += rows as u64;
+                    inner.status.pending_bytes += bytes;
+                }
+            }
+            inner.status.pending_rows >= rt.flow.commit.max_rows
+                || inner.status.pending_bytes >= rt.flow.commit.max_bytes
+        };
+        if wake {
+            rt.wake.notify_one();
+        }
+        Ok(Accepted {
+            accepted: rows,
+            offset: appended.offset,
+            duplicate: appended.duplicate,
+        })
+    }
+}
+
+/// The committer of one flow: commits on the flow's schedule (or when woken),
+/// retries with backoff, and on stop commits what is pending.
+async fn committer(
+    rt: Arc<FlowRuntime>,
+    engine: Engine,
+    catalog: Arc<dyn Catalog>,
+    faults: Arc<Faults>,
+    window: Duration,
+) {
+    let mut engine = Some(engine);
+    let mut stop = rt.stop.subscribe();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let stopping = *stop.borrow();
+        if !stopping {
+            tokio::select! {
+                _ = tokio::time::sleep(rt.flow.commit.interval) => {}
+                _ = rt.wake.notified() => {}
+                _ = stop.changed() => {}
+            }
+        }
+        let stopping = *stop.borrow();
+        match commit_once(&rt, &mut engine, &catalog, &faults, window).await {
+            Ok(more) => {
+                backoff = Duration::from_millis(100);
+                if more {
+                    rt.wake.notify_one();
+                } else if stopping {
+                    return;
+                }
+            }
+            Err(e) => {
+                {
+                    let mut inner = rt.lock();
+                    inner.status.last_error = Some(e.to_string());
+                    inner.status.degraded = true;
+                }
+                if stopping && backoff >= MAX_BACKOFF {
+                    // Give up on the final commit; the log keeps the batches.
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                rt.wake.notify_one();
+            }
+        }
+    }
+}
+
+/// Commits the contiguous run of pending batches after the applied offset
+/// (bounded by the commit policy). Returns whether more is pending.
+async fn commit_once(
+    rt: &FlowRuntime,
+    engine: &mut Option<Engine>,
+    catalog: &Arc<dyn Catalog>,
+    faults: &Arc<Faults>,
+    window: Duration,
+) -> Result<bool> {
+    if engine.is_none() {
+        *engine = Some(Engine::open(rt.flow.clone(), catalog.clone(), faults.clone()).await?);
+    }
+    let eng = engine.as_mut().expect("opened above");
+    let (batches, last, bytes) = {
+        let inner = rt.lock();
+        let mut next = inner.status.applied_offset + 1;
+        let (mut rows, mut bytes) = (0u64, 0u64);
+        let mut batches = Vec::new();
+        while let Some(p) = inner.pending.get(&next) {
+            if !batches.is_empty()
+                && (rows + p.batch.num_rows() as u64 > rt.flow.commit.max_rows
+                    || bytes + p.bytes > rt.flow.commit.max_bytes)
+            {
+                break;
+            }
+            rows += p.batch.num_rows() as u64;
+            bytes += p.bytes;
+            batches.push(p.batch.clone());
+            next += 1;
+        }
+        (batches, next - 1, bytes)
+    };
+    if batches.is_empty() {
+        return Ok(false);
+    }
+    let n = batches.len();
+    let batch = arrow_select::concat::concat_batches(&rt.flow.source_arrow, &batches)?;
+    let started = std::time::Instant::now();
+    let now = now_ms();
+    let report = match eng.apply_at(&batch, now, last).await {
+        Ok(r) => r,
+        Err(e) => {
+            // The engine may be ahead of the catalog: reopen it next time.
+            *engine = None;
+            return Err(e);
+        }
+    };
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    let summary = eng.summary();
+    let more = {
+        let mut inner = rt.lock();
+        let first = last + 1 - n as i64;
+        let mut rows = 0;
+        for off in first..=last {
+            if let Some(p) = inner.pending.remove(&off) {
+                rows += p.batch.num_rows() as u64;
+            }
+        }
+        let s = &mut inner.status;
+        s.pending_batches -= n;
+        s.pending_rows -= rows;
+        s.pending_bytes -= bytes;
+        s.applied_offset = last;
+        s.counters.add(&report.stats);
+        s.state_keys = summary.keys;
+        s.state_tombstones = summary.tombstones;
+        s.last_error = None;
+        s.degraded = false;
+        if let Some(id) = report.snapshot_id {
+            s.committed_offset = last;
+            s.last_snapshot_id = Some(id);
+            s.last_commit_ms = Some(now);
+            s.commits += 1;
+            s.commit_ms_total += ms;
+        }
+        inner.pending.contains_key(&(last + 1))
+    };
+    if report.snapshot_id.is_some() {
+        let mut h = rt.commit_hist.lock().unwrap_or_else(|e| e.into_inner());
+        let b = COMMIT_BUCKETS
+            .iter()
+            .position(|&ub| ms <= ub)
+            .unwrap_or(COMMIT_BUCKETS.len());
+        h[b] += 1;
+    }
+    let snapshot_id = report.snapshot_id.or(rt.committed.borrow().snapshot_id);
+    rt.committed.send_replace(Committed {
+        offset: last,
+        snapshot_id,
+    });
+    rt.log
+        .release(last, now.saturating_sub(window.as_millis() as i64))
+        .await?;
+    Ok(more)
+}
+
+/// Where the flows' logs live, for tools and tests.
+pub fn wal_dir(data_dir: &Path, flow: &str) -> PathBuf {
+    data_dir.join("flows").join(flow).join("wal")
+}

@@ -1,0 +1,677 @@
+//! The ingest log: every accepted change batch is appended and fsync'd here
+//! before it is acknowledged, and stays until the commit containing it is
+//! durable in the catalog and its idempotency window has passed.
+//!
+//! API boundary: the service sees only `IngestLog`. `LocalLog` keeps one
+//! directory of segment files per flow; a log on a shared broker (Kafka,
+//! NATS JetStream) implements the same trait.
+//!
+//! Invariants: offsets are dense and increasing and never reused, even
+//! after every segment was released (the next offset also follows the
+//! committed offset the caller passes at open); an append is acknowledged
+//! only after `fdatasync`; a retried idempotency key gets the first
+//! append's offset and appends nothing.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{Error, Result};
+
+/// One appended batch.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub offset: i64,
+    pub key: Option<String>,
+    pub appended_ms: i64,
+    pub payload: Bytes,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub offset: i64,
+    /// The idempotency key was seen before: nothing was appended.
+    pub duplicate: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct LogStats {
+    pub bytes: u64,
+    pub segments: usize,
+    /// The offset the next append gets.
+    pub next_offset: i64,
+    pub remembered_keys: usize,
+}
+
+#[async_trait::async_trait]
+pub trait IngestLog: Send + Sync + std::fmt::Debug {
+    /// Appends one batch durably, or returns the offset an earlier append
+    /// with the same idempotency key got.
+    async fn append(&self, key: Option<String>, payload: Bytes, now_ms: i64) -> Result<Appended>;
+
+    /// The retained records with offset > `after`, in order.
+    async fn replay(&self, after: i64) -> Result<Vec<Record>>;
+
+    /// Everything through `offset` is committed: segments holding only
+    /// such records, all appended before `keep_after_ms`, are deleted.
+    async fn release(&self, offset: i64, keep_after_ms: i64) -> Result<()>;
+
+    fn stats(&self) -> LogStats;
+}
+
+const MAGIC: u32 = 0xACDC_0001;
+const HEADER: usize = 12;
+/// Largest record accepted (bodies are limited far below this by the server).
+const MAX_RECORD: usize = 1 << 30;
+
+#[derive(Debug, Clone)]
+struct Segment {
+    first: i64,
+    last: i64,
+    last_ms: i64,
+    bytes: u64,
+    keys: Vec<String>,
+}
+
+impl Segment {
+    fn path(&self, dir: &Path) -> PathBuf {
+        segment_path(dir, self.first)
+    }
+}
+
+fn segment_path(dir: &Path, first: i64) -> PathBuf {
+    dir.join(format!("{first:020}.wal"))
+}
+
+fn encode(rec: &Record) -> Vec<u8> {
+    let key = rec.key.as_deref().unwrap_or("").as_bytes();
+    let mut body = Vec::with_capacity(18 + key.len() + rec.payload.len());
+    body.extend_from_slice(&rec.offset.to_le_bytes());
+    body.extend_from_slice(&rec.appended_ms.to_le_bytes());
+    body.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    body.extend_from_slice(key);
+    body.extend_from_slice(&rec.payload);
+    let mut out = Vec::with_capacity(HEADER + body.len());
+    out.extend_from_slice(&MAGIC.to_le_bytes());
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Reads a segment's records; returns them and the length of its valid
+/// prefix (a torn tail after that is the remains of a crash mid-append).
+fn read_segment(path: &Path) -> Result<(Vec<Record>, u64)> {
+    let mut data = Vec::new();
+    File::open(path)?.read_to_end(&mut data)?;
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while data.len() - at >= HEADER {
+        let word = |i: usize| u32::from_le_bytes(data[at + i..at + i + 4].try_into().unwrap());
+        let (magic, len, crc) = (word(0), word(4) as usize, word(8));
+        if magic != MAGIC || len > MAX_RECORD || data.len() - at - HEADER < len || len < 18 {
+            break;
+        }
+        let body = &data[at + HEADER..at + HEADER + len];
+        if crc32fast::hash(body) != crc {
+            break;
+        }
+        let offset = i64::from_le_bytes(body[0..8].try_into().unwrap());
+        let appended_ms = i64::from_le_bytes(body[8..16].try_into().unwrap());
+        let klen = u16::from_le_bytes(body[16..18].try_into().unwrap()) as usize;
+        if 18 + klen > len {
+            break;
+        }
+        let key = std::str::from_utf8(&body[18..18 + klen])
+            .ok()
+            .filter(|k| !k.is_empty())
+            .map(str::to_string);
+        out.push(Record {
+            offset,
+            key,
+            appended_ms,
+            payload: Bytes::copy_from_slice(&body[18 + klen..]),
+        });
+        at += HEADER + len;
+    }
+    Ok((out, at as u64))
+}
+
+enum Cmd {
+    Append {
+        key: Option<String>,
+        payload: Bytes,
+        now_ms: i64,
+        reply: oneshot::Sender<Result<Appended>>,
+    },
+    Release {
+        offset: i64,
+        keep_after_ms: i64,
+        reply: oneshot::Sender<Result<()>>,
+    },
+}
+
+/// Segment files in one directory, written by one thread that fsyncs once
+/// per group of concurrent appends.
+#[derive(Debug)]
+pub struct LocalLog {
+    dir: PathBuf,
+    tx: mpsc::Sender<Cmd>,
+    stats: Arc<Mutex<LogStats>>,
+}
+
+struct Writer {
+    dir: PathBuf,
+    segments: Vec<Segment>,
+    file: BufWriter<File>,
+    next: i64,
+    keys: HashMap<String, i64>,
+    segment_bytes: u64,
+    failed: Option<String>,
+    stats: Arc<Mutex<LogStats>>,
+}
+
+impl LocalLog {
+    /// Opens (or creates) the log in `dir`. `committed` is the highest
+    /// offset already committed downstream; new offsets follow it.
+    pub fn open(dir: &Path, committed: i64, segment_bytes: u64, queue: usize) -> Result<LocalLog> {
+        std::fs::create_dir_all(dir)?;
+        let mut firsts: Vec<i64> = std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().to_string();
+                name.strip_suffix(".wal")?.parse::<i64>().ok()
+            })
+            .collect();
+        firsts.sort_unstable();
+        let mut segments = Vec::new();
+        let mut keys = HashMap::new();
+        let mut next = committed + 1;
+        for (i, &first) in firsts.iter().enumerate() {
+            let path = segment_path(dir, first);
+            let (records, valid) = read_segment(&path)?;
+            let len = std::fs::metadata(&path)?.len();
+            if valid < len {
+                if i + 1 < firsts.len() {
+                    return Err(Error::State {
+                        code: "AUTOCDC_WAL.CORRUPT",
+                        message: format!(
+                            "{}: damaged record at byte {valid} in a segment that is not the last one; move the file away to start without it (its batches were {})",
+                            path.display(),
+                            if records.last().is_some_and(|r| r.offset <= committed) {
+                                "committed"
+                            } else {
+                                "possibly not committed"
+                            }
+                        ),
+                    });
+                }
+                // A torn tail from a crash mid-append: never acknowledged.
+                OpenOptions::new().write(true).open(&path)?.set_len(valid)?;
+            }
+            if records.is_empty() {
+                // An empty segment only tells where offsets stood.
+                next = next.max(first);
+                std::fs::remove_file(&path)?;
+                continue;
+            }
+            let mut seg = Segment {
+                first,
+                last: first - 1,
+                last_ms: 0,
+                bytes: valid,
+                keys: Vec::new(),
+            };
+            for r in &records {
+                seg.last = r.offset;
+                seg.last_ms = r.appended_ms;
+                if let Some(k) = &r.key {
+                    keys.insert(k.clone(), r.offset);
+                    seg.keys.push(k.clone());
+                }
+            }
+            next = next.max(seg.last + 1).max(first);
+            segments.push(seg);
+        }
+        // Appends go to a fresh segment, so an existing file is never appended to.
+        segments.push(Segment {
+            first: next,
+            last: next - 1,
+            last_ms: 0,
+            bytes: 0,
+            keys: Vec::new(),
+        });
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(segment_path(dir, next))?;
+        sync_dir(dir)?;
+        let stats = Arc::new(Mutex::new(LogStats::default()));
+        let w = Writer {
+            dir: dir.to_path_buf(),
+            segments,
+            file: BufWriter::with_capacity(1 << 20, file),
+            next,
+            keys,
+            segment_bytes,
+            failed: None,
+            stats: stats.clone(),
+        };
+        w.publish();
+        let (tx, rx) = mpsc::channel(queue.max(1));
+        std::thread::Builder::new()
+            .name(format!("wal-{}", dir.display()))
+            .spawn(move || w.run(rx))?;
+        Ok(LocalLog {
+            dir: dir.to_path_buf(),
+            tx,
+            stats,
+        })
+    }
+
+    async fn call<T>(&self, cmd: impl FnOnce(oneshot::Sender<Result<T>>) -> Cmd) -> Result<T> {
+        let (reply, rx) = oneshot::channel();
+        let closed = || Error::State {
+            code: "AUTOCDC_WAL.CLOSED",
+            message: format!("the log in {} is closed", self.dir.display()),
+        };
+        self.tx.send(cmd(reply)).await.map_err(|_| closed())?;
+        rx.await.map_err(|_| closed())?
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+impl Writer {
+    fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
+        while let Some(first) = rx.blocking_recv() {
+            let mut group = vec![first];
+            while group.len() < 4096 {
+                match rx.try_recv() {
+                    Ok(c) => group.push(c),
+                    Err(_) => break,
+                }
+            }
+            self.handle(group);
+        }
+        let _ = self.file.flush();
+    }
+
+    fn handle(&mut self, group: Vec<Cmd>) {
+        let mut acks = Vec::new();
+        for cmd in group {
+            match cmd {
+                Cmd::Append {
+                    key,
+                    payload,
+                    now_ms,
+                    reply,
+                } => {
+                    if let Some(&offset) = key.as_ref().and_then(|k| self.keys.get(k)) {
+                        acks.push((
+                            reply,
+                            Ok(Appended {
+                                offset,
+                                duplicate: true,
+                            }),
+                        ));
+                        continue;
+                    }
+                    let res = self.write(key, payload, now_ms);
+                    acks.push((reply, res));
+                }
+                Cmd::Release {
+                    offset,
+                    keep_after_ms,
+                    reply,
+                } => {
+                    let _ = reply.send(self.release(offset, keep_after_ms));
+                }
+            }
+        }
+        // One fsync for the whole group, then the acknowledgements.
+        let synced = if acks.iter().any(|(_, r)| matches!(r, Ok(a) if !a.duplicate)) {
+            self.sync()
+        } else {
+            Ok(())
+        };
+        if let Err(e) = &synced {
+            self.failed = Some(e.to_string());
+        }
+        for (reply, res) in acks {
+            let res = match (&synced, res) {
+                (Err(e), Ok(a)) if !a.duplicate => Err(Error::State {
+                    code: "AUTOCDC_WAL.WRITE_FAILED",
+                    message: format!("the write-ahead log could not be synced: {e}"),
+                }),
+                (_, r) => r,
+            };
+            let _ = reply.send(res);
+        }
+        self.publish();
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        self.file.flush()?;
+        self.file.get_ref().sync_data()?;
+        Ok(())
+    }
+
+    fn write(&mut self, key: Option<String>, payload: Bytes, now_ms: i64) -> Result<Appended> {
+        if let Some(e) = &self.failed {
+            return Err(Error::State {
+                code: "AUTOCDC_WAL.WRITE_FAILED",
+                message: format!("the write-ahead log failed earlier ({e}); restart the service"),
+            });
+        }
+        if self
+            .segments
+            .last()
+            .is_some_and(|s| s.bytes >= self.segment_bytes)
+        {
+            self.roll()?;
+        }
+        let offset = self.next;
+        let rec = Record {
+            offset,
+            key: key.clone(),
+            appended_ms: now_ms,
+            payload,
+        };
+        let frame = encode(&rec);
+        if let Err(e) = self.file.write_all(&frame) {
+            self.failed = Some(e.to_string());
+            return Err(e.into());
+        }
+        self.next += 1;
+        let seg = self.segments.last_mut().expect("an active segment");
+        seg.last = offset;
+        seg.last_ms = now_ms;
+        seg.bytes += frame.len() as u64;
+        if let Some(k) = key {
+            self.keys.insert(k.clone(), offset);
+            seg.keys.push(k);
+        }
+        Ok(Appended {
+            offset,
+            duplicate: false,
+        })
+    }
+
+    fn roll(&mut self) -> Result<()> {
+        self.sync()?;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(segment_path(&self.dir, self.next))?;
+        sync_dir(&self.dir)?;
+        self.file = BufWriter::with_capacity(1 << 20, file);
+        self.segments.push(Segment {
+            first: self.next,
+            last: self.next - 1,
+            last_ms: 0,
+            bytes: 0,
+            keys: Vec::new(),
+        });
+        Ok(())
+    }
+
+    fn release(&mut self, offset: i64, keep_after_ms: i64) -> Result<()> {
+        // A fully committed active segment is closed so it can go later.
+        if self
+            .segments
+            .last()
+            .is_some_and(|s| s.bytes > 0 && s.last <= offset)
+        {
+            self.roll()?;
+        }
+        let n = self.segments.len();
+        let mut keep = Vec::with_capacity(n);
+        for (i, s) in std::mem::take(&mut self.segments).into_iter().enumerate() {
+            let done = i + 1 < n && s.last <= offset && s.last_ms < keep_after_ms;
+            if done {
+                std::fs::remove_file(s.path(&self.dir))?;
+                for k in &s.keys {
+                    if self.keys.get(k).is_some_and(|&o| o <= s.last) {
+                        self.keys.remove(k);
+                    }
+                }
+            } else {
+                keep.push(s);
+            }
+        }
+        self.segments = keep;
+        Ok(())
+    }
+
+    fn publish(&self) {
+        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        *s = LogStats {
+            bytes: self.segments.iter().map(|s| s.bytes).sum(),
+            segments: self.segments.len(),
+            next_offset: self.next,
+            remembered_keys: self.keys.len(),
+        };
+    }
+}
+
+#[async_trait::async_trait]
+impl IngestLog for LocalLog {
+    async fn append(&self, key: Option<String>, payload: Bytes, now_ms: i64) -> Result<Appended> {
+        self.call(|reply| Cmd::Append {
+            key,
+            payload,
+            now_ms,
+            reply,
+        })
+        .await
+    }
+
+    async fn replay(&self, after: i64) -> Result<Vec<Record>> {
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut firsts: Vec<i64> = std::fs::read_dir(&dir)?
+                .filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let name = e.file_name().to_string_lossy().to_string();
+                    name.strip_suffix(".wal")?.parse::<i64>().ok()
+                })
+                .collect();
+            firsts.sort_unstable();
+            let mut out = Vec::new();
+            for first in firsts {
+                let (records, _) = read_segment(&segment_path(&dir, first))?;
+                out.extend(records.into_iter().filter(|r| r.offset > after));
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| Error::Io(std::io::Error::other(e)))?
+    }
+
+    async fn release(&self, offset: i64, keep_after_ms: i64) -> Result<()> {
+        self.call(|reply| Cmd::Release {
+            offset,
+            keep_after_ms,
+            reply,
+        })
+        .await
+    }
+
+    fn stats(&self) -> LogStats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn b(s: &str) -> Bytes {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    #[test]
+    fn appends_replay_in_order_after_reopen() {
+        let tmp = tempfile::tempdir().unwrap();
+        rt().block_on(async {
+            let log = LocalLog::open(tmp.path(), 0, 1 << 20, 8).unwrap();
+            for (i, s) in ["a", "b", "c"].iter().enumerate() {
+                let a = log.append(None, b(s), 10).await.unwrap();
+                assert_eq!(a.offset, i as i64 + 1);
+            }
+            drop(log);
+            let log = LocalLog::open(tmp.path(), 0, 1 << 20, 8).unwrap();
+            let got: Vec<(i64, Bytes)> = log
+                .replay(1)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| (r.offset, r.payload))
+                .collect();
+            assert_eq!(got, vec![(2, b("b")), (3, b("c"))]);
+            assert_eq!(log.append(None, b("d"), 11).await.unwrap().offset, 4);
+        });
+    }
+
+    #[test]
+    fn a_retried_key_gets_the_first_offset_and_appends_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        rt().block_on(async {
+            let log = LocalLog::open(tmp.path(), 0, 1 << 20, 8).unwrap();
+            let a = log.append(Some("k1".into()), b("x"), 1).await.unwrap();
+            let again = log.append(Some("k1".into()), b("x"), 2).await.unwrap();
+            assert_eq!(
+                again,
+                Appended {
+                    offset: a.offset,
+                    duplicate: true
+                }
+            );
+            drop(log);
+            // Still remembered after a restart.
+            let log = LocalLog::open(tmp.path(), 0, 1 << 20, 8).unwrap();
+            let again = log.append(Some("k1".into()), b("x"), 3).await.unwrap();
+            assert!(again.duplicate);
+            assert_eq!(log.replay(0).await.unwrap().len(), 1);
+        });
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_offsets_continue() {
+        let tmp = tempfile::tempdir().unwrap();
+        rt().block_on(async {
+            let log = LocalLog::open(tmp.path(), 0, 1 << 20, 8).unwrap();
+            log.append(None, b("one"), 1).await.unwrap();
+            log.append(None, b("two"), 1).await.unwrap();
+            drop(log);
+            // A crash in the middle of the second record's write.
+            let seg = segment_path(tmp.path(), 1);
+            let len = std::fs::metadata(&seg).unwrap().len();
+            OpenOptions::new()
+                .write(true)
+                .open(&seg)
+                .unwrap()
+                .set_len(len - 2)
+                .unwrap();
+            let log = LocalLog::open(tmp.path(), 0, 1 << 20, 8).unwrap();
+            let got = log.replay(0).await.unwrap();
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].payload, b("one"));
+            // Offset 2 was never acknowledged, so it is handed out again.
+            assert_eq!(log.append(None, b("two"), 2).await.unwrap().offset, 2);
+        });
+    }
+
+    #[test]
+    fn release_deletes_committed_segments_after_the_window_and_offsets_never_go_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        rt().block_on(async {
+            // Tiny segments: every record rolls a new one.
+            let log = LocalLog::open(tmp.path(), 0, 1, 8).unwrap();
+            for i in 0..4 {
+                log.append(Some(format!("k{i}")), b("p"), 100 + i)
+                    .await
+                    .unwrap();
+            }
+            // Committed through 2, but appended inside the window: kept.
+            log.release(2, 100).await.unwrap();
+            assert_eq!(log.replay(0).await.unwrap().len(), 4);
+            // After the window, records 1 and 2 go, with their keys.
+            log.release(2, 1000).await.unwrap();
+            let left: Vec<i64> = log
+                .replay(0)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.offset)
+                .collect();
+            assert_eq!(left, vec![3, 4]);
+            assert!(
+                !log.append(Some("k0".into()), b("p"), 5)
+                    .await
+                    .unwrap()
+                    .duplicate
+            );
+            assert!(
+                log.append(Some("k3".into()), b("p"), 5)
+                    .await
+                    .unwrap()
+                    .duplicate
+            );
+            // Everything committed and released: a reopen continues after it.
+            log.release(5, 10_000).await.unwrap();
+            drop(log);
+            let log = LocalLog::open(tmp.path(), 5, 1, 8).unwrap();
+            assert!(log.replay(0).await.unwrap().is_empty());
+            assert_eq!(log.append(None, b("p"), 6).await.unwrap().offset, 6);
+        });
+    }
+
+    #[test]
+    fn concurrent_appends_get_distinct_offsets() {
+        let tmp = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let log = Arc::new(LocalLog::open(tmp.path(), 0, 1 << 20, 64).unwrap());
+            let mut tasks = Vec::new();
+            for i in 0..200 {
+                let log = log.clone();
+                tasks.push(tokio::spawn(async move {
+                    log.append(Some(format!("k{}", i % 150)), b("p"), 1)
+                        .await
+                        .unwrap()
+                }));
+            }
+            let mut offsets = Vec::new();
+            for t in tasks {
+                let a = t.await.unwrap();
+                if !a.duplicate {
+                    offsets.push(a.offset);
+                }
+            }
+            offsets.sort_unstable();
+            assert_eq!(offsets, (1..=150).collect::<Vec<_>>());
+            assert_eq!(log.stats().next_offset, 151);
+        });
+    }
+}

@@ -1,0 +1,647 @@
+//! `autocdc serve` through real HTTP on a loopback port: every content type,
+//! every error path, idempotent retries, concurrent clients, backpressure,
+//! and recovery from the write-ahead log after a crash.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use autocdc::catalog::Catalog;
+use autocdc::catalog::hadoop::HadoopCatalog;
+use autocdc::fault::Faults;
+use autocdc::flow::{CatalogConfig, Config, FlowConfig, ServerConfig, TokenConfig};
+use autocdc::server::{self, Running};
+use common::*;
+use serde_json::{Value, json};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn flow_cfg(name: &str, interval: &str) -> FlowConfig {
+    let mut c = customers_config();
+    c.name = name.to_string();
+    c.target = format!("crm.{name}");
+    c.commit_interval = Some(interval.to_string());
+    c
+}
+
+fn config(dir: &Path, flows: Vec<FlowConfig>) -> Config {
+    Config {
+        server: ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            data_dir: dir.join("data").to_string_lossy().to_string(),
+            ..ServerConfig::default()
+        },
+        catalog: CatalogConfig::Hadoop {
+            warehouse: dir.join("wh").to_string_lossy().to_string(),
+        },
+        flows,
+    }
+}
+
+async fn start(cfg: Config) -> Running {
+    server::start(cfg, Arc::new(Faults::default()))
+        .await
+        .unwrap()
+}
+
+fn url(r: &Running, path: &str) -> String {
+    format!("http://{}{path}", r.addr)
+}
+
+fn ndjson(evs: &[Ev]) -> String {
+    evs.iter()
+        .map(|&(id, op, city, seq)| {
+            json!({ "id": id, "op": if op == "D" { "DELETE" } else { "UPSERT" }, "city": city, "seq": seq })
+                .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    ctype: &str,
+    body: impl Into<reqwest::Body>,
+    key: Option<&str>,
+) -> (u16, Value) {
+    let mut req = client.post(url).header("content-type", ctype).body(body);
+    if let Some(k) = key {
+        req = req.header("idempotency-key", k);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn commit(client: &reqwest::Client, r: &Running, flow: &str) -> Value {
+    let resp = client
+        .post(url(r, &format!("/v1/flows/{flow}/commit")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    resp.json().await.unwrap()
+}
+
+async fn table(dir: &Path, flow: &str) -> BTreeSet<Vec<String>> {
+    let faults = Arc::new(Faults::default());
+    let cat = HadoopCatalog::new(dir.join("wh").to_str().unwrap(), faults).unwrap();
+    let ident = autocdc::flow::parse_table_ident(flow, &format!("crm.{flow}")).unwrap();
+    let Some(t) = cat.load_table(&ident).await.unwrap() else {
+        return BTreeSet::new();
+    };
+    let mut out = BTreeSet::new();
+    for b in autocdc::engine::scan(&cat, &t).await.unwrap() {
+        for r in render_all(&b) {
+            assert!(out.insert(r.clone()), "row {r:?} read twice");
+        }
+    }
+    out
+}
+
+fn expected(evs: &[Ev]) -> BTreeSet<Vec<String>> {
+    let flow = customers();
+    oracle(&flow, &[batch(&flow, evs)])
+}
+
+fn arrow_body(evs: &[Ev]) -> Vec<u8> {
+    autocdc::input::encode_arrow_ipc(&batch(&customers(), evs)).unwrap()
+}
+
+const CUSTOMERS_EVENTS: [Ev; 6] = [
+    (1, "U", Some("Leeds"), 1),
+    (2, "U", Some("York"), 2),
+    (1, "U", Some("Bath"), 5),
+    (1, "U", Some("Hull"), 3),
+    (2, "D", None, 6),
+    (2, "U", Some("Derby"), 4),
+];
+
+#[test]
+fn every_content_type_is_accepted_and_committed() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let r = start(config(tmp.path(), vec![flow_cfg("c", "1h")])).await;
+        let c = reqwest::Client::new();
+        let changes = url(&r, "/v1/flows/c/changes");
+        let ev = &CUSTOMERS_EVENTS;
+        let (s, v) = post(
+            &c,
+            &changes,
+            "application/x-ndjson",
+            ndjson(&ev[0..2]),
+            None,
+        )
+        .await;
+        assert_eq!(
+            (s, v["accepted"].as_u64(), v["offset"].as_i64()),
+            (202, Some(2), Some(1))
+        );
+        let arr: Vec<Value> = ndjson(&ev[2..4])
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let (s, v) = post(
+            &c,
+            &changes,
+            "application/json",
+            Value::Array(arr).to_string(),
+            None,
+        )
+        .await;
+        assert_eq!((s, v["offset"].as_i64()), (202, Some(2)));
+        let (s, v) = post(
+            &c,
+            &changes,
+            "application/vnd.apache.arrow.stream",
+            arrow_body(&ev[4..6]),
+            None,
+        )
+        .await;
+        assert_eq!((s, v["offset"].as_i64()), (202, Some(3)));
+        let v = commit(&c, &r, "c").await;
+        assert!(v["snapshot_id"].as_i64().is_some(), "{v}");
+        assert_eq!(table(tmp.path(), "c").await, rows(&[&["1", "Bath", "5"]]));
+        // Nothing pending: commit answers null.
+        assert_eq!(commit(&c, &r, "c").await["snapshot_id"], Value::Null);
+        // ?wait=commit answers once the batch is in a snapshot.
+        let (s, v) = post(
+            &c,
+            &format!("{changes}?wait=commit"),
+            "application/x-ndjson",
+            ndjson(&[u(3, "Derby", 1)]),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+        assert!(v["snapshot_id"].as_i64().is_some(), "{v}");
+        assert_eq!(table(tmp.path(), "c").await.len(), 2);
+        r.stop().await.unwrap();
+    });
+}
+
+#[test]
+fn bad_requests_get_a_status_a_code_and_the_offending_row_and_column() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let mut cfg = config(tmp.path(), vec![flow_cfg("c", "1h")]);
+        cfg.server.max_body_bytes = 4096;
+        let r = start(cfg).await;
+        let c = reqwest::Client::new();
+        let changes = url(&r, "/v1/flows/c/changes");
+        let nd = "application/x-ndjson";
+        let ok = r#"{"id":1,"op":"UPSERT","seq":1}"#;
+        // (content type, body, status, code, row, column)
+        type Case<'a> = (&'a str, String, u16, &'a str, Option<u64>, Option<&'a str>);
+        let cases: Vec<Case> = vec![
+            (
+                nd,
+                format!("{ok}\n{{\"id\":2,"),
+                400,
+                "AUTOCDC_MICROBATCH_VALIDATION.MALFORMED",
+                Some(1),
+                None,
+            ),
+            (
+                nd,
+                format!("{ok}\n{{\"id\":2,\"op\":\"UPSERT\",\"seq\":\"late\"}}"),
+                400,
+                "AUTOCDC_MICROBATCH_VALIDATION.COLUMN",
+                Some(1),
+                Some("seq"),
+            ),
+            (
+                nd,
+                format!("{ok}\n{ok}\n{{\"id\":2,\"op\":\"UPSERT\",\"seq\":2,\"region\":\"N\"}}"),
+                400,
+                "AUTOCDC_MICROBATCH_VALIDATION.COLUMN",
+                Some(2),
+                Some("region"),
+            ),
+            (
+                nd,
+                format!("{ok}\n{{\"id\":null,\"op\":\"UPSERT\",\"seq\":2}}"),
+                422,
+                "AUTOCDC_MICROBATCH_VALIDATION.NULL_KEY",
+                Some(1),
+                Some("id"),
+            ),
+            (
+                nd,
+                format!("{{\"id\":3,\"op\":\"UPSERT\"}}\n{ok}"),
+                422,
+                "AUTOCDC_MICROBATCH_VALIDATION.NULL_SEQUENCE",
+                Some(0),
+                Some("seq"),
+            ),
+            (
+                "application/json",
+                "{\"id\":1}".into(),
+                400,
+                "AUTOCDC_MICROBATCH_VALIDATION.MALFORMED",
+                None,
+                None,
+            ),
+            (
+                "application/json",
+                format!("[{ok}, {{\"id\":\"x\",\"op\":\"UPSERT\",\"seq\":1}}]"),
+                400,
+                "AUTOCDC_MICROBATCH_VALIDATION.COLUMN",
+                Some(1),
+                Some("id"),
+            ),
+            (
+                "application/vnd.apache.arrow.stream",
+                "not arrow".into(),
+                400,
+                "AUTOCDC_MICROBATCH_VALIDATION.MALFORMED",
+                None,
+                None,
+            ),
+            (
+                "text/csv",
+                "id,op,seq\n1,UPSERT,1".into(),
+                415,
+                "AUTOCDC_UNSUPPORTED_MEDIA_TYPE",
+                None,
+                None,
+            ),
+        ];
+        for (ctype, body, status, code, row, column) in cases {
+            let (s, v) = post(&c, &changes, ctype, body.clone(), None).await;
+            let e = &v["error"];
+            assert_eq!((s, e["code"].as_str()), (status, Some(code)), "{body}: {v}");
+            assert_eq!(e["row"].as_u64(), row, "{body}: {v}");
+            assert_eq!(e["column"].as_str(), column, "{body}: {v}");
+            assert!(!e["message"].as_str().unwrap().is_empty());
+        }
+        // Too large a body, and an unknown flow.
+        let (s, _) = post(&c, &changes, nd, format!("{ok}\n").repeat(200), None).await;
+        assert_eq!(s, 413);
+        let (s, v) = post(
+            &c,
+            &url(&r, "/v1/flows/nope/changes"),
+            nd,
+            ok.to_string(),
+            None,
+        )
+        .await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (404, Some("AUTOCDC_FLOW_NOT_FOUND"))
+        );
+        // Nothing of any rejected batch was kept.
+        let st: Value = c
+            .get(url(&r, "/v1/flows/c"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(st["status"]["accepted_batches"], 0, "{st}");
+        assert_eq!(st["status"]["wal"]["next_offset"], 1, "{st}");
+        assert_eq!(commit(&c, &r, "c").await["snapshot_id"], Value::Null);
+        r.stop().await.unwrap();
+    });
+}
+
+#[test]
+fn tokens_are_checked_per_flow() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let mut cfg = config(tmp.path(), vec![flow_cfg("a", "1h"), flow_cfg("b", "1h")]);
+        cfg.server.tokens = vec![
+            TokenConfig {
+                token: "admin".into(),
+                flows: vec![],
+            },
+            TokenConfig {
+                token: "only-a".into(),
+                flows: vec!["a".into()],
+            },
+        ];
+        let r = start(cfg).await;
+        let c = reqwest::Client::new();
+        let body = ndjson(&[u(1, "Leeds", 1)]);
+        let send = |flow: &str, token: Option<&str>| {
+            let mut req = c
+                .post(url(&r, &format!("/v1/flows/{flow}/changes")))
+                .header("content-type", "application/x-ndjson")
+                .body(body.clone());
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            async move { req.send().await.unwrap().status().as_u16() }
+        };
+        assert_eq!(send("a", None).await, 401);
+        assert_eq!(send("a", Some("wrong")).await, 401);
+        assert_eq!(send("b", Some("only-a")).await, 403);
+        assert_eq!(send("a", Some("only-a")).await, 202);
+        assert_eq!(send("b", Some("admin")).await, 202);
+        // Health needs no token.
+        let s = c.get(url(&r, "/healthz")).send().await.unwrap().status();
+        assert_eq!(s.as_u16(), 200);
+        r.stop().await.unwrap();
+    });
+}
+
+#[test]
+fn over_the_uncommitted_cap_pushes_get_429_with_retry_after() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let mut f = flow_cfg("c", "1h");
+        f.max_uncommitted_bytes = Some(100);
+        let r = start(config(tmp.path(), vec![f])).await;
+        let c = reqwest::Client::new();
+        let changes = url(&r, "/v1/flows/c/changes");
+        let body = arrow_body(&[u(1, "Leeds", 1), u(2, "York", 1)]);
+        let (s, _) = post(
+            &c,
+            &changes,
+            "application/vnd.apache.arrow.stream",
+            body.clone(),
+            None,
+        )
+        .await;
+        assert_eq!(s, 202);
+        let resp = c
+            .post(&changes)
+            .header("content-type", "application/vnd.apache.arrow.stream")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 429);
+        assert!(resp.headers().get("retry-after").is_some());
+        // After a commit there is room again.
+        commit(&c, &r, "c").await;
+        let (s, _) = post(
+            &c,
+            &changes,
+            "application/vnd.apache.arrow.stream",
+            body,
+            None,
+        )
+        .await;
+        assert_eq!(s, 202);
+        r.stop().await.unwrap();
+    });
+}
+
+#[test]
+fn a_retried_idempotency_key_is_acknowledged_again_and_applied_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let r = start(config(tmp.path(), vec![flow_cfg("c", "1h")])).await;
+        let c = reqwest::Client::new();
+        let changes = url(&r, "/v1/flows/c/changes");
+        let body = ndjson(&CUSTOMERS_EVENTS);
+        let (_, first) = post(
+            &c,
+            &changes,
+            "application/x-ndjson",
+            body.clone(),
+            Some("req-1"),
+        )
+        .await;
+        let (s, again) = post(
+            &c,
+            &changes,
+            "application/x-ndjson",
+            body.clone(),
+            Some("req-1"),
+        )
+        .await;
+        assert_eq!((s, &first["offset"]), (202, &again["offset"]));
+        commit(&c, &r, "c").await;
+        // Also after the commit, within the window.
+        let (_, later) = post(&c, &changes, "application/x-ndjson", body, Some("req-1")).await;
+        assert_eq!(later["offset"], first["offset"]);
+        assert_eq!(commit(&c, &r, "c").await["snapshot_id"], Value::Null);
+        let st: Value = c
+            .get(url(&r, "/v1/flows/c"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(st["status"]["counters"]["rows_in"], 6, "{st}");
+        assert_eq!(st["status"]["accepted_batches"], 1, "{st}");
+        assert_eq!(table(tmp.path(), "c").await, expected(&CUSTOMERS_EVENTS));
+        r.stop().await.unwrap();
+    });
+}
+
+/// Many clients push interleaved, out-of-order batches to two flows; each
+/// table equals the oracle of everything its flow accepted.
+#[test]
+fn concurrent_clients_on_two_flows_give_the_oracle() {
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let r = start(config(
+            tmp.path(),
+            vec![flow_cfg("a", "50ms"), flow_cfg("b", "50ms")],
+        ))
+        .await;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let cities = ["Leeds", "York", "Bath", "Hull"];
+        let mut all: Vec<(String, Vec<Ev>)> = Vec::new();
+        for flow in ["a", "b"] {
+            let mut evs: Vec<Ev> = (0..600)
+                .map(|_| {
+                    let k = rng.random_range(0..40);
+                    let s = rng.random_range(0..1000);
+                    if rng.random_bool(0.2) {
+                        d(k, s)
+                    } else {
+                        u(k, cities[rng.random_range(0..4)], s)
+                    }
+                })
+                .collect();
+            evs.shuffle(&mut rng);
+            all.push((flow.to_string(), evs));
+        }
+        let c = reqwest::Client::new();
+        let mut tasks = Vec::new();
+        for client in 0..8 {
+            for (flow, evs) in &all {
+                let chunk: Vec<Ev> = evs.iter().skip(client).step_by(8).copied().collect();
+                let c = c.clone();
+                let changes = url(&r, &format!("/v1/flows/{flow}/changes"));
+                tasks.push(tokio::spawn(async move {
+                    for (i, part) in chunk.chunks(9).enumerate() {
+                        let (s, v) = if i % 2 == 0 {
+                            post(&c, &changes, "application/x-ndjson", ndjson(part), None).await
+                        } else {
+                            post(
+                                &c,
+                                &changes,
+                                "application/vnd.apache.arrow.stream",
+                                arrow_body(part),
+                                None,
+                            )
+                            .await
+                        };
+                        assert_eq!(s, 202, "{v}");
+                    }
+                }));
+            }
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        for (flow, evs) in &all {
+            commit(&c, &r, flow).await;
+            assert_eq!(table(tmp.path(), flow).await, expected(evs), "flow {flow}");
+        }
+        r.stop().await.unwrap();
+    });
+}
+
+/// Acknowledged batches survive a crash (the process dies before any
+/// commit): the restarted service replays its log and commits them; a
+/// client retrying with its key gets the same offset.
+#[test]
+fn acknowledged_batches_survive_a_crash_before_commit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let evs = CUSTOMERS_EVENTS;
+    let mut offsets = Vec::new();
+    {
+        let rt = rt();
+        rt.block_on(async {
+            let r = start(config(tmp.path(), vec![flow_cfg("c", "1h")])).await;
+            let c = reqwest::Client::new();
+            for (i, e) in evs.iter().enumerate() {
+                let (s, v) = post(
+                    &c,
+                    &url(&r, "/v1/flows/c/changes"),
+                    "application/x-ndjson",
+                    ndjson(&[*e]),
+                    Some(&format!("k{i}")),
+                )
+                .await;
+                assert_eq!(s, 202);
+                offsets.push(v["offset"].as_i64().unwrap());
+            }
+            std::mem::forget(r);
+        });
+        // Dropping the runtime kills every task: no shutdown, no commit.
+    }
+    assert!(table_blocking(tmp.path()).is_empty());
+    rt().block_on(async {
+        let r = start(config(tmp.path(), vec![flow_cfg("c", "1h")])).await;
+        let c = reqwest::Client::new();
+        let (_, v) = post(
+            &c,
+            &url(&r, "/v1/flows/c/changes"),
+            "application/x-ndjson",
+            ndjson(&evs[2..3]),
+            Some("k2"),
+        )
+        .await;
+        assert_eq!(v["offset"].as_i64(), Some(offsets[2]));
+        commit(&c, &r, "c").await;
+        assert_eq!(table(tmp.path(), "c").await, expected(&evs));
+        // A graceful stop commits what is pending.
+        let (s, _) = post(
+            &c,
+            &url(&r, "/v1/flows/c/changes"),
+            "application/x-ndjson",
+            ndjson(&[u(9, "Ripon", 1)]),
+            None,
+        )
+        .await;
+        assert_eq!(s, 202);
+        r.stop().await.unwrap();
+        let mut all = evs.to_vec();
+        all.push(u(9, "Ripon", 1));
+        assert_eq!(table(tmp.path(), "c").await, expected(&all));
+    });
+}
+
+fn table_blocking(dir: &Path) -> BTreeSet<Vec<String>> {
+    rt().block_on(table(dir, "c"))
+}
+
+#[test]
+fn flows_are_created_over_http_and_survive_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let r = start(config(tmp.path(), vec![])).await;
+        let c = reqwest::Client::new();
+        let def = serde_json::to_value(flow_cfg("h", "1h")).unwrap();
+        let resp = c
+            .put(url(&r, "/v1/flows/h"))
+            .json(&def)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 201);
+        let mut bad = def.clone();
+        bad["keys"] = json!([]);
+        let resp = c
+            .put(url(&r, "/v1/flows/h"))
+            .json(&bad)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 400);
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "AUTOCDC_EMPTY_KEYS");
+        let (s, _) = post(
+            &c,
+            &url(&r, "/v1/flows/h/changes"),
+            "application/x-ndjson",
+            ndjson(&[u(1, "Leeds", 1)]),
+            None,
+        )
+        .await;
+        assert_eq!(s, 202);
+        r.stop().await.unwrap();
+
+        let r = start(config(tmp.path(), vec![])).await;
+        let list: Value = c
+            .get(url(&r, "/v1/flows"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(list["flows"][0]["name"], "h", "{list}");
+        assert_eq!(list["flows"][0]["status"]["committed_offset"], 1, "{list}");
+        let resp = c.delete(url(&r, "/v1/flows/h")).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 204);
+        let resp = c.get(url(&r, "/v1/flows/h")).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 404);
+        let metrics = c
+            .get(url(&r, "/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(metrics.contains("autocdc_ready 1"), "{metrics}");
+        r.stop().await.unwrap();
+        // The table stays.
+        assert_eq!(table(tmp.path(), "h").await, rows(&[&["1", "Leeds", "1"]]));
+    });
+}
