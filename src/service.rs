@@ -200,11 +200,19 @@ impl Service {
             .unwrap_or_else(|e| e.into_inner())
             .get(name)
             .cloned()
-            .ok_or_else(|| Error::NotFound {
-                code: codes::FLOW_NOT_FOUND,
-                message: format!(
-                    "flow `{name}` does not exist; create it with PUT /v1/flows/{name}"
-                ),
+            .ok_or_else(|| {
+                if !self.is_ready() {
+                    Error::Unavailable(format!(
+                        "the service is recovering its flows; retry `{name}` shortly"
+                    ))
+                } else {
+                    Error::NotFound {
+                        code: codes::FLOW_NOT_FOUND,
+                        message: format!(
+                            "flow `{name}` does not exist; create it with PUT /v1/flows/{name}"
+                        ),
+                    }
+                }
             })
     }
 
