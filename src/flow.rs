@@ -140,7 +140,7 @@ fn default_warehouse() -> String {
     "./warehouse".to_string()
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum OneOrMany {
     One(String),
@@ -156,7 +156,7 @@ impl OneOrMany {
     }
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TiePolicy {
     /// Two different changes with one sequence: the one with the larger row
@@ -167,7 +167,7 @@ pub enum TiePolicy {
     Error,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ColumnDef {
     pub name: String,
@@ -179,7 +179,7 @@ pub struct ColumnDef {
 
 /// A flow as written in TOML (or sent over HTTP), fields named after
 /// `create_auto_cdc_flow`.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FlowConfig {
     pub name: String,

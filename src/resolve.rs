@@ -58,7 +58,7 @@ impl Codec {
 /// `rows_in = upserts + deletes + stale + duplicates + tie_losers`.
 /// `ties` counts tie events (two different changes with one sequence met),
 /// including those the incoming change won.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct BatchStats {
     pub rows_in: u64,
     pub upserts: u64,

@@ -60,17 +60,43 @@ fn plain(status: StatusCode, code: &'static str, message: impl Into<String>) -> 
     )
 }
 
+/// Every error response: `{"error": {...}}`.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorResponse {
+    pub error: ErrorBody,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// Stable code, e.g. `AUTOCDC_MICROBATCH_VALIDATION.NULL_KEY`.
+    pub code: String,
+    pub message: String,
+    /// The offending row of the batch (0-based), when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub row: Option<usize>,
+    /// The offending column, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub column: Option<String>,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let ApiError(status, e) = self;
-        let mut body = json!({ "code": e.code(), "message": e.to_string() });
-        if let Error::Batch { row, column, .. } = &e {
-            body["row"] = json!(row);
-            if !column.is_empty() {
-                body["column"] = json!(column);
+        let (row, column) = match &e {
+            Error::Batch { row, column, .. } => {
+                (Some(*row), Some(column.clone()).filter(|c| !c.is_empty()))
             }
-        }
-        let mut resp = (status, Json(json!({ "error": body }))).into_response();
+            _ => (None, None),
+        };
+        let body = ErrorResponse {
+            error: ErrorBody {
+                code: e.code().to_string(),
+                message: e.to_string(),
+                row,
+                column,
+            },
+        };
+        let mut resp = (status, Json(body)).into_response();
         if let Error::Overloaded {
             retry_after_secs, ..
         } = &e
@@ -87,7 +113,8 @@ type ApiResult<T> = std::result::Result<T, ApiError>;
 pub fn router(service: Arc<Service>) -> Router {
     let limit = service.config.max_body_bytes;
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
+        .route("/openapi.json", get(openapi_json))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/flows", get(list_flows))
@@ -99,6 +126,56 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/flows/{flow}/commit", post(post_commit))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(service)
+}
+
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "up", content_type = "text/plain")))]
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", responses((status = 200, description = "the OpenAPI document", content_type = "application/json")))]
+async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
+    Json(openapi())
+}
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "autocdc",
+        description = "Push change batches; autocdc keeps Iceberg tables equal to the latest change per key, by sequence."
+    ),
+    paths(
+        post_changes,
+        post_commit,
+        list_flows,
+        get_flow,
+        put_flow,
+        delete_flow,
+        healthz,
+        readyz,
+        metrics,
+        openapi_json
+    ),
+    components(schemas(
+        ChangesResponse,
+        CommitResponse,
+        ErrorResponse,
+        ErrorBody,
+        FlowView,
+        FlowList,
+        FlowConfig
+    ))
+)]
+struct ApiDoc;
+
+/// The OpenAPI document of this API, generated from the handlers.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    use utoipa::OpenApi;
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_string();
+    doc
 }
 
 /// Checks the bearer token when tokens are configured.
@@ -146,14 +223,74 @@ struct ChangesQuery {
     wait: Option<String>,
 }
 
-#[derive(Serialize)]
-struct ChangesResponse {
-    accepted: usize,
-    offset: i64,
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ChangesResponse {
+    /// Rows in the batch.
+    pub accepted: usize,
+    /// The batch's offset in the flow's log (the same for a retried Idempotency-Key).
+    pub offset: i64,
+    /// With `?wait=commit`: the snapshot that contains the batch.
     #[serde(skip_serializing_if = "Option::is_none")]
-    snapshot_id: Option<Option<i64>>,
+    #[schema(value_type = Option<i64>)]
+    pub snapshot_id: Option<Option<i64>>,
 }
 
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct CommitResponse {
+    /// The snapshot committed, or null when nothing was pending.
+    pub snapshot_id: Option<i64>,
+    /// The flow's applied offset after the commit.
+    pub offset: i64,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct FlowView {
+    pub name: String,
+    pub target: String,
+    pub definition: FlowConfig,
+    pub status: crate::service::FlowStatus,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct FlowList {
+    pub flows: Vec<FlowView>,
+}
+
+fn view(rt: &crate::service::FlowRuntime) -> FlowView {
+    FlowView {
+        name: rt.flow.name.clone(),
+        target: rt.flow.target.to_string(),
+        definition: rt.flow.config.clone(),
+        status: rt.status(),
+    }
+}
+
+/// Push a batch of changes. Validated whole, then made durable and acknowledged.
+#[utoipa::path(
+    post,
+    path = "/v1/flows/{flow}/changes",
+    params(
+        ("flow" = String, Path, description = "flow name"),
+        ("wait" = Option<String>, Query, description = "`commit`: answer once the batch is committed"),
+        ("Idempotency-Key" = Option<String>, Header, description = "a retry with the same key is acknowledged with the same offset and applied once"),
+    ),
+    request_body(description = "the changes, in the flow's columns", content(
+        ("application/x-ndjson"),
+        (Vec<Object> = "application/json"),
+        ("application/vnd.apache.arrow.stream"),
+    )),
+    responses(
+        (status = 202, description = "durable in the flow's log", body = ChangesResponse),
+        (status = 200, description = "with ?wait=commit: committed", body = ChangesResponse),
+        (status = 400, description = "malformed body, unknown column or wrong type (row and column given)", body = ErrorResponse),
+        (status = 413, description = "body over server.max_body_bytes"),
+        (status = 415, description = "unsupported content type", body = ErrorResponse),
+        (status = 422, description = "null key or sequence (row and column given)", body = ErrorResponse),
+        (status = 429, description = "over max_uncommitted_bytes; see Retry-After", body = ErrorResponse),
+        (status = 504, description = "with ?wait=commit: durable, not yet committed", body = ErrorResponse),
+        (status = 401, description = "missing or unknown token", body = ErrorResponse), (status = 403, description = "token not allowed on this flow", body = ErrorResponse), (status = 404, description = "unknown flow", body = ErrorResponse), (status = 503, description = "recovering or stopping", body = ErrorResponse)
+    )
+)]
 async fn post_changes(
     State(service): State<Arc<Service>>,
     Path(flow): Path<String>,
@@ -247,17 +384,31 @@ async fn post_changes(
         .into_response())
 }
 
+/// Commit what is pending now.
+#[utoipa::path(
+    post,
+    path = "/v1/flows/{flow}/commit",
+    params(("flow" = String, Path, description = "flow name")),
+    responses(
+        (status = 200, description = "committed (snapshot_id null when nothing was pending)", body = CommitResponse),
+        (status = 504, description = "the commit did not finish in time", body = ErrorResponse),
+        (status = 401, description = "missing or unknown token", body = ErrorResponse), (status = 403, description = "token not allowed on this flow", body = ErrorResponse), (status = 404, description = "unknown flow", body = ErrorResponse), (status = 503, description = "recovering or stopping", body = ErrorResponse)
+    )
+)]
 async fn post_commit(
     State(service): State<Arc<Service>>,
     Path(flow): Path<String>,
     headers: HeaderMap,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<CommitResponse>> {
     authorize(&service, &headers, Some(&flow))?;
     let rt = service.flow(&flow)?;
     let target = rt.status().applied_offset.max(0);
     let pending = rt.status().pending_batches;
     if pending == 0 {
-        return Ok(Json(json!({ "snapshot_id": null, "offset": target })));
+        return Ok(Json(CommitResponse {
+            snapshot_id: None,
+            offset: target,
+        }));
     }
     let mut rx = rt.subscribe();
     let before = rx.borrow().snapshot_id;
@@ -283,36 +434,53 @@ async fn post_commit(
     } else {
         None
     };
-    Ok(Json(
-        json!({ "snapshot_id": snapshot, "offset": done.offset }),
-    ))
+    Ok(Json(CommitResponse {
+        snapshot_id: snapshot,
+        offset: done.offset,
+    }))
 }
 
+/// Every flow with its definition and status.
+#[utoipa::path(get, path = "/v1/flows", responses(
+    (status = 200, description = "the flows", body = FlowList),
+    (status = 401, description = "missing or unknown token", body = ErrorResponse),
+    (status = 403, description = "token limited to some flows", body = ErrorResponse),
+))]
 async fn list_flows(
     State(service): State<Arc<Service>>,
     headers: HeaderMap,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<FlowList>> {
     authorize(&service, &headers, None)?;
-    let flows: Vec<_> = service
-        .flows()
-        .iter()
-        .map(|rt| json!({ "name": rt.flow.name, "target": rt.flow.target.to_string(), "status": rt.status() }))
-        .collect();
-    Ok(Json(json!({ "flows": flows })))
+    Ok(Json(FlowList {
+        flows: service.flows().iter().map(|rt| view(rt)).collect(),
+    }))
 }
 
+/// A flow's definition and status: offsets, pending work, counters, state size.
+#[utoipa::path(get, path = "/v1/flows/{flow}",
+    params(("flow" = String, Path, description = "flow name")),
+    responses((status = 200, description = "the flow", body = FlowView), (status = 401, description = "missing or unknown token", body = ErrorResponse), (status = 403, description = "token not allowed on this flow", body = ErrorResponse), (status = 404, description = "unknown flow", body = ErrorResponse), (status = 503, description = "recovering or stopping", body = ErrorResponse)))]
 async fn get_flow(
     State(service): State<Arc<Service>>,
     Path(flow): Path<String>,
     headers: HeaderMap,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<FlowView>> {
     authorize(&service, &headers, Some(&flow))?;
     let rt = service.flow(&flow)?;
-    Ok(Json(
-        json!({ "name": rt.flow.name, "definition": rt.flow.config, "status": rt.status() }),
-    ))
+    Ok(Json(view(&rt)))
 }
 
+/// Create or replace a flow (fields as in a `[[flow]]` table); persisted in `data_dir`.
+#[utoipa::path(put, path = "/v1/flows/{flow}",
+    params(("flow" = String, Path, description = "flow name")),
+    request_body(content = FlowConfig, description = "the definition; `name` may be left out"),
+    responses(
+        (status = 201, description = "created", body = FlowView),
+        (status = 200, description = "replaced", body = FlowView),
+        (status = 400, description = "invalid definition (stable code names the problem)", body = ErrorResponse),
+        (status = 409, description = "the definition conflicts with the existing target (drift)", body = ErrorResponse),
+        (status = 401, description = "missing or unknown token", body = ErrorResponse), (status = 403, description = "token not allowed on this flow", body = ErrorResponse), (status = 404, description = "unknown flow", body = ErrorResponse), (status = 503, description = "recovering or stopping", body = ErrorResponse)
+    ))]
 async fn put_flow(
     State(service): State<Arc<Service>>,
     Path(flow): Path<String>,
@@ -351,13 +519,13 @@ async fn put_flow(
     } else {
         StatusCode::CREATED
     };
-    Ok((
-        status,
-        Json(json!({ "name": rt.flow.name, "definition": rt.flow.config, "status": rt.status() })),
-    )
-        .into_response())
+    Ok((status, Json(view(&rt))).into_response())
 }
 
+/// Stop a flow (committing what is pending) and forget its definition; the table stays.
+#[utoipa::path(delete, path = "/v1/flows/{flow}",
+    params(("flow" = String, Path, description = "flow name")),
+    responses((status = 204, description = "stopped"), (status = 401, description = "missing or unknown token", body = ErrorResponse), (status = 403, description = "token not allowed on this flow", body = ErrorResponse), (status = 404, description = "unknown flow", body = ErrorResponse), (status = 503, description = "recovering or stopping", body = ErrorResponse)))]
 async fn delete_flow(
     State(service): State<Arc<Service>>,
     Path(flow): Path<String>,
@@ -368,6 +536,11 @@ async fn delete_flow(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Ready: recovery done and commits succeeding (503 `starting` or `degraded` otherwise).
+#[utoipa::path(get, path = "/readyz", responses(
+    (status = 200, description = "ready"),
+    (status = 503, description = "starting, or degraded: commits are failing (flows listed)"),
+))]
 async fn readyz(State(service): State<Arc<Service>>) -> Response {
     let flows = service.flows();
     let degraded: Vec<_> = flows
@@ -392,7 +565,8 @@ async fn readyz(State(service): State<Arc<Service>>) -> Response {
     Json(json!({ "status": "ready" })).into_response()
 }
 
-/// Prometheus text format.
+/// Prometheus text format: per-flow counters, commit latency histogram, WAL bytes, state keys.
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text", content_type = "text/plain")))]
 async fn metrics(State(service): State<Arc<Service>>) -> Response {
     use std::fmt::Write;
     let mut out = String::new();

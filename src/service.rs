@@ -43,7 +43,7 @@ pub fn now_ms() -> i64 {
 }
 
 /// What a flow reports (`GET /v1/flows/{flow}`).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
 pub struct FlowStatus {
     /// Offset recorded in the target's latest snapshot.
     pub committed_offset: i64,

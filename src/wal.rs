@@ -39,7 +39,7 @@ pub struct Appended {
     pub duplicate: bool,
 }
 
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, utoipa::ToSchema)]
 pub struct LogStats {
     pub bytes: u64,
     pub segments: usize,
