@@ -125,6 +125,10 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/flows/{flow}/changes", post(post_changes))
         .route("/v1/flows/{flow}/commit", post(post_commit))
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(
+            service.clone(),
+            request_timeout,
+        ))
         .with_state(service)
 }
 
@@ -176,6 +180,29 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = ApiDoc::openapi();
     doc.info.version = env!("CARGO_PKG_VERSION").to_string();
     doc
+}
+
+/// Bounds every request by `server.request_timeout` (plus a margin, so
+/// `?wait=commit`, which waits that long itself, answers first).
+async fn request_timeout(
+    State(service): State<Arc<Service>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let limit = service
+        .config
+        .request_timeout()
+        .unwrap_or(Duration::from_secs(60))
+        + Duration::from_secs(5);
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(resp) => resp,
+        Err(_) => plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "AUTOCDC_REQUEST_TIMEOUT",
+            format!("the request took longer than {limit:?}; retry it (with its Idempotency-Key)"),
+        )
+        .into_response(),
+    }
 }
 
 /// Checks the bearer token when tokens are configured.

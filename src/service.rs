@@ -57,6 +57,10 @@ pub struct FlowStatus {
     pub commits: u64,
     pub accepted_batches: u64,
     pub rejected_batches: u64,
+    /// Batches acknowledged but rejected at commit: with
+    /// `on_sequence_tie = "error"`, a tie with a batch committed before it.
+    pub rejected_at_commit: u64,
+    pub last_rejection: Option<String>,
     pub counters: BatchStats,
     pub state_keys: usize,
     pub state_tombstones: usize,
@@ -152,6 +156,7 @@ impl Service {
                 data_dir.display()
             ))
         })?;
+        config.request_timeout()?;
         Ok(Arc::new(Service {
             window: config.idempotency_window()?,
             config,
@@ -492,11 +497,34 @@ async fn commit_once(
         return Ok(false);
     }
     let n = batches.len();
+    let first = last + 1 - n as i64;
     let batch = arrow_select::concat::concat_batches(&rt.flow.source_arrow, &batches)?;
     let started = std::time::Instant::now();
     let now = now_ms();
+    let mut rejected = Vec::new();
     let report = match eng.apply_at(&batch, now, last).await {
         Ok(r) => r,
+        Err(Error::Batch { .. }) => {
+            // A batch that meets another (a sequence tie under
+            // on_sequence_tie = "error"): apply one by one, drop the rejected.
+            let mut total = crate::engine::CommitReport::default();
+            for (i, b) in batches.iter().enumerate() {
+                match eng.apply_at(b, now, first + i as i64).await {
+                    Ok(r) => {
+                        total.stats.add(&r.stats);
+                        total.snapshot_id = r.snapshot_id.or(total.snapshot_id);
+                    }
+                    Err(e @ Error::Batch { .. }) => {
+                        rejected.push(format!("offset {}: {e}", first + i as i64))
+                    }
+                    Err(e) => {
+                        *engine = None;
+                        return Err(e);
+                    }
+                }
+            }
+            total
+        }
         Err(e) => {
             // The engine may be ahead of the catalog: reopen it next time.
             *engine = None;
@@ -507,7 +535,6 @@ async fn commit_once(
     let summary = eng.summary();
     let more = {
         let mut inner = rt.lock();
-        let first = last + 1 - n as i64;
         let mut rows = 0;
         for off in first..=last {
             if let Some(p) = inner.pending.remove(&off) {
@@ -520,6 +547,10 @@ async fn commit_once(
         s.pending_bytes -= bytes;
         s.applied_offset = last;
         s.counters.add(&report.stats);
+        s.rejected_at_commit += rejected.len() as u64;
+        if let Some(r) = rejected.pop() {
+            s.last_rejection = Some(r);
+        }
         s.state_keys = summary.keys;
         s.state_tombstones = summary.tombstones;
         s.last_error = None;

@@ -724,3 +724,51 @@ fn the_openapi_document_matches_the_routes() {
         r.stop().await.unwrap();
     });
 }
+
+/// With `on_sequence_tie = "error"`, two batches that are each valid can
+/// tie with each other. Both were acknowledged; at commit the later one is
+/// rejected and reported, and the flow goes on.
+#[test]
+fn a_tie_found_at_commit_rejects_only_the_later_batch() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let mut f = flow_cfg("c", "1h");
+        f.on_sequence_tie = autocdc::flow::TiePolicy::Error;
+        let r = start(config(tmp.path(), vec![f])).await;
+        let c = reqwest::Client::new();
+        let changes = url(&r, "/v1/flows/c/changes");
+        for evs in [
+            vec![u(1, "Leeds", 5), u(2, "York", 1)],
+            vec![u(1, "Denver", 5)],
+            vec![u(3, "Bath", 1)],
+        ] {
+            let (s, _) = post(&c, &changes, "application/x-ndjson", ndjson(&evs), None).await;
+            assert_eq!(s, 202);
+        }
+        commit(&c, &r, "c").await;
+        assert_eq!(
+            table(tmp.path(), "c").await,
+            rows(&[
+                &["1", "Leeds", "5"],
+                &["2", "York", "1"],
+                &["3", "Bath", "1"]
+            ])
+        );
+        let st: Value = c
+            .get(url(&r, "/v1/flows/c"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(st["status"]["rejected_at_commit"], 1, "{st}");
+        let why = st["status"]["last_rejection"].as_str().unwrap();
+        assert!(
+            why.contains("offset 2") && why.contains("SEQUENCE_TIE"),
+            "{why}"
+        );
+        assert_eq!(st["status"]["degraded"], false);
+        r.stop().await.unwrap();
+    });
+}
