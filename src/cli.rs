@@ -94,6 +94,8 @@ pub enum Command {
     },
     /// Measure end-to-end apply throughput (see README, "Benchmark").
     Bench(crate::bench::BenchArgs),
+    /// Load-test `autocdc serve` (in this process) over HTTP with NDJSON and Arrow IPC.
+    BenchServe(crate::loadgen::LoadArgs),
     /// Run the HTTP service: producers push change batches, autocdc commits them on a schedule.
     Serve {
         /// Without one (and with no ./autocdc.toml) it serves on 127.0.0.1:8080 into ./warehouse.
@@ -299,6 +301,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Bench(args) => crate::bench::run(args).await,
+        Command::BenchServe(args) => crate::loadgen::run(args).await,
         Command::Serve { config, listen } => {
             let mut cfg = match config {
                 Some(p) => load_config(&p)?,

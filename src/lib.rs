@@ -16,6 +16,7 @@ pub mod catalog;
 pub mod cli;
 pub mod engine;
 pub mod input;
+pub mod loadgen;
 pub mod push;
 pub mod server;
 pub mod service;

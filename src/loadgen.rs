@@ -1,0 +1,251 @@
+//! `autocdc bench-serve`: a load generator for `autocdc serve`. Starts the
+//! service in this process on a loopback port (or targets `--url`), pushes
+//! pre-encoded batches of NDJSON and Arrow IPC from several connections,
+//! and reports events/s acknowledged and committed, acknowledgement latency
+//! percentiles, commit lag and peak RSS.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use crate::error::{Error, Result};
+use crate::fault::Faults;
+use crate::flow::{CatalogConfig, Config, Flow, FlowConfig, ServerConfig};
+use crate::input;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct LoadArgs {
+    /// Change events pushed per format.
+    #[arg(long, default_value_t = 2_000_000)]
+    pub events: usize,
+    #[arg(long, default_value_t = 200_000)]
+    pub keys: usize,
+    /// Events per request.
+    #[arg(long, default_value_t = 10_000)]
+    pub batch_rows: usize,
+    /// Concurrent client connections.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// ndjson, arrow, or both.
+    #[arg(long, default_value = "both")]
+    pub format: String,
+    /// The service's commit_interval.
+    #[arg(long, default_value = "1s")]
+    pub commit_interval: String,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+}
+
+const FLOW: &str = r#"
+name = "load"
+target = "bench.load"
+keys = ["id"]
+sequence_by = "seq"
+apply_as_deletes = "op = 'DELETE'"
+except_column_list = ["op"]
+columns = [
+  { name = "id", type = "long", required = true },
+  { name = "name", type = "string" },
+  { name = "amount", type = "double" },
+  { name = "op", type = "string", required = true },
+  { name = "seq", type = "long", required = true },
+]
+"#;
+
+fn batches(flow: &Flow, a: &LoadArgs) -> Result<Vec<RecordBatch>> {
+    let mut rng = StdRng::seed_from_u64(a.seed);
+    let mut seqs: Vec<i64> = (0..a.events as i64).collect();
+    seqs.shuffle(&mut rng);
+    let mut out = Vec::new();
+    for chunk in seqs.chunks(a.batch_rows.max(1)) {
+        let n = chunk.len();
+        let ids: Vec<i64> = (0..n)
+            .map(|_| rng.random_range(0..a.keys.max(1) as i64))
+            .collect();
+        let del: Vec<bool> = (0..n).map(|_| rng.random_bool(0.1)).collect();
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(ids.clone())),
+            Arc::new(StringArray::from_iter_values(
+                ids.iter().map(|i| format!("customer-{}", i % 997)),
+            )),
+            Arc::new(Float64Array::from_iter_values(
+                (0..n).map(|_| rng.random_range(0.0..1000.0)),
+            )),
+            Arc::new(StringArray::from_iter_values(
+                del.iter().map(|&d| if d { "DELETE" } else { "UPSERT" }),
+            )),
+            Arc::new(Int64Array::from(chunk.to_vec())),
+        ];
+        out.push(RecordBatch::try_new(flow.source_arrow.clone(), cols)?);
+    }
+    Ok(out)
+}
+
+fn ndjson(batch: &RecordBatch) -> Result<Vec<u8>> {
+    let mut w = arrow_json::LineDelimitedWriter::new(Vec::new());
+    w.write(batch)?;
+    w.finish()?;
+    Ok(w.into_inner())
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+pub async fn run(a: LoadArgs) -> Result<()> {
+    let tmp = std::env::temp_dir().join(format!("autocdc-load-{}", uuid::Uuid::new_v4()));
+    let mut flows = Vec::new();
+    let formats: Vec<&str> = match a.format.as_str() {
+        "both" => vec!["ndjson", "arrow"],
+        "ndjson" => vec!["ndjson"],
+        "arrow" => vec!["arrow"],
+        other => {
+            return Err(Error::Config(format!(
+                "--format {other}: use ndjson, arrow or both"
+            )));
+        }
+    };
+    for f in &formats {
+        let mut cfg: FlowConfig = toml::from_str(FLOW).map_err(|e| Error::Config(e.to_string()))?;
+        cfg.name = format!("load_{f}");
+        cfg.target = format!("bench.load_{f}");
+        cfg.commit_interval = Some(a.commit_interval.clone());
+        cfg.max_uncommitted_bytes = Some(8 << 30);
+        flows.push(cfg);
+    }
+    let config = Config {
+        server: ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            data_dir: tmp.join("data").to_string_lossy().to_string(),
+            max_body_bytes: 256 << 20,
+            ..ServerConfig::default()
+        },
+        catalog: CatalogConfig::Hadoop {
+            warehouse: tmp.join("wh").to_string_lossy().to_string(),
+        },
+        flows,
+    };
+    let running = crate::server::start(config, Arc::new(Faults::default())).await?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(a.connections)
+        .build()
+        .map_err(|e| Error::Unavailable(e.to_string()))?;
+    println!(
+        "bench-serve: {} events over {} keys per format, {} per request, {} connections, commit_interval {}, server in-process on {}",
+        a.events, a.keys, a.batch_rows, a.connections, a.commit_interval, running.addr
+    );
+    println!(
+        "{:<7} {:>14} {:>14} {:>10} {:>10} {:>12} {:>9}",
+        "format", "acked ev/s", "committed ev/s", "p50 ms", "p99 ms", "commit lag", "429s"
+    );
+    for f in &formats {
+        let name = format!("load_{f}");
+        let flow = Flow::new({
+            let mut c: FlowConfig =
+                toml::from_str(FLOW).map_err(|e| Error::Config(e.to_string()))?;
+            c.name = name.clone();
+            c
+        })?;
+        let bodies: Vec<Vec<u8>> = batches(&flow, &a)?
+            .iter()
+            .map(|b| match *f {
+                "ndjson" => ndjson(b),
+                _ => input::encode_arrow_ipc(b),
+            })
+            .collect::<Result<_>>()?;
+        let bodies = Arc::new(bodies);
+        let ctype = if *f == "ndjson" {
+            crate::server::NDJSON
+        } else {
+            crate::server::ARROW_STREAM
+        };
+        let url = format!("http://{}/v1/flows/{name}/changes", running.addr);
+        let next = Arc::new(AtomicUsize::new(0));
+        let throttled = Arc::new(AtomicUsize::new(0));
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..a.connections.max(1) {
+            let (client, url, bodies, next, throttled) = (
+                client.clone(),
+                url.clone(),
+                bodies.clone(),
+                next.clone(),
+                throttled.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(body) = bodies.get(i) else { break };
+                    loop {
+                        let t = Instant::now();
+                        let resp = client
+                            .post(&url)
+                            .header("content-type", ctype)
+                            .header("idempotency-key", format!("load-{i}"))
+                            .body(body.clone())
+                            .send()
+                            .await;
+                        match resp {
+                            Ok(r) if r.status().as_u16() == 202 => {
+                                lat.push(t.elapsed().as_secs_f64() * 1e3);
+                                break;
+                            }
+                            Ok(r) if r.status().as_u16() == 429 => {
+                                throttled.fetch_add(1, Ordering::Relaxed);
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                            }
+                            Ok(r) => {
+                                let s = r.status();
+                                let text = r.text().await.unwrap_or_default();
+                                return Err(Error::Unavailable(format!("{s}: {text}")));
+                            }
+                            Err(e) => return Err(Error::Unavailable(e.to_string())),
+                        }
+                    }
+                }
+                Ok(lat)
+            }));
+        }
+        let mut lat = Vec::new();
+        for t in tasks {
+            lat.extend(t.await.map_err(|e| Error::Unavailable(e.to_string()))??);
+        }
+        let acked = start.elapsed();
+        let rt = running.service.flow(&name)?;
+        let last = rt.status().wal.next_offset - 1;
+        rt.commit_soon();
+        let mut rx = rt.subscribe();
+        let _ = rx.wait_for(|c| c.offset >= last).await;
+        let committed = start.elapsed();
+        lat.sort_by(|x, y| x.total_cmp(y));
+        let ev = a.events as f64;
+        println!(
+            "{:<7} {:>14.0} {:>14.0} {:>10.1} {:>10.1} {:>10.0}ms {:>9}",
+            f,
+            ev / acked.as_secs_f64(),
+            ev / committed.as_secs_f64(),
+            pct(&lat, 0.5),
+            pct(&lat, 0.99),
+            (committed - acked).as_secs_f64() * 1e3,
+            throttled.load(Ordering::Relaxed)
+        );
+    }
+    if let Some(rss) = crate::bench::peak_rss_bytes() {
+        println!(
+            "peak RSS (server and client in one process): {} MiB",
+            rss >> 20
+        );
+    }
+    running.stop().await?;
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}
