@@ -772,3 +772,117 @@ fn a_tie_found_at_commit_rejects_only_the_later_batch() {
         r.stop().await.unwrap();
     });
 }
+
+/// Commits that fail are retried with backoff; meanwhile pushes are still
+/// accepted and /readyz says degraded; then everything is committed.
+#[test]
+fn failing_commits_are_retried_and_readyz_says_degraded() {
+    use autocdc::fault::FaultPoint;
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let faults = Arc::new(Faults::default());
+        for nth in 0..3 {
+            faults.arm(FaultPoint::AfterStateCommit, nth);
+        }
+        let r = server::start(config(tmp.path(), vec![flow_cfg("c", "20ms")]), faults)
+            .await
+            .unwrap();
+        let c = reqwest::Client::new();
+        let changes = url(&r, "/v1/flows/c/changes");
+        let (s, _) = post(
+            &c,
+            &changes,
+            "application/x-ndjson",
+            ndjson(&CUSTOMERS_EVENTS[..3]),
+            None,
+        )
+        .await;
+        assert_eq!(s, 202);
+        let mut degraded = false;
+        for _ in 0..300 {
+            let resp = c.get(url(&r, "/readyz")).send().await.unwrap();
+            if resp.status().as_u16() == 503 {
+                let v: Value = resp.json().await.unwrap();
+                assert_eq!(v["status"], "degraded");
+                degraded = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(degraded, "readyz never reported the failing commits");
+        // Ingestion goes on while commits fail.
+        let (s, _) = post(
+            &c,
+            &changes,
+            "application/x-ndjson",
+            ndjson(&CUSTOMERS_EVENTS[3..]),
+            None,
+        )
+        .await;
+        assert_eq!(s, 202);
+        let v = commit(&c, &r, "c").await;
+        assert!(
+            v["snapshot_id"].as_i64().is_some() || v["offset"] == 2,
+            "{v}"
+        );
+        let mut ready = false;
+        for _ in 0..300 {
+            if c.get(url(&r, "/readyz"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+                == 200
+            {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(ready);
+        assert_eq!(table(tmp.path(), "c").await, expected(&CUSTOMERS_EVENTS));
+        r.stop().await.unwrap();
+    });
+}
+
+/// `autocdc push` reads a file into the flow's schema (asked of the
+/// server), cuts it into requests and retries with content-derived keys:
+/// pushing the same file again changes nothing.
+#[test]
+fn push_sends_files_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let r = start(config(tmp.path(), vec![flow_cfg("c", "1h")])).await;
+        let file = tmp.path().join("changes.ndjson");
+        std::fs::write(&file, ndjson(&CUSTOMERS_EVENTS)).unwrap();
+        let args = autocdc::push::PushArgs {
+            url: format!("http://{}", r.addr),
+            flow: "c".into(),
+            files: vec![file],
+            token: None,
+            batch_rows: Some(2),
+            wait_commit: true,
+            max_attempts: 3,
+        };
+        assert_eq!(autocdc::push::push(&args).await.unwrap(), (3, 6));
+        assert_eq!(table(tmp.path(), "c").await, expected(&CUSTOMERS_EVENTS));
+        autocdc::push::push(&args).await.unwrap();
+        let c = reqwest::Client::new();
+        let st: Value = c
+            .get(url(&r, "/v1/flows/c"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(st["status"]["accepted_batches"], 3, "{st}");
+        // A flow that does not exist is a clear error, not a retry loop.
+        let mut bad = args;
+        bad.flow = "nope".into();
+        let e = autocdc::push::push(&bad).await.unwrap_err();
+        assert!(e.to_string().contains("404"), "{e}");
+        r.stop().await.unwrap();
+    });
+}
