@@ -434,7 +434,13 @@ async fn committer(
             }
         }
         let stopping = *stop.borrow();
-        match commit_once(&rt, &mut engine, &catalog, &faults, window).await {
+        // A commit is CPU-heavy (resolve, Parquet encoding): let the other
+        // tasks of this worker (request handlers) move to another thread.
+        let handle = tokio::runtime::Handle::current();
+        let outcome = tokio::task::block_in_place(|| {
+            handle.block_on(commit_once(&rt, &mut engine, &catalog, &faults, window))
+        });
+        match outcome {
             Ok(more) => {
                 backoff = Duration::from_millis(100);
                 if more {
