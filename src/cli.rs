@@ -148,12 +148,7 @@ pub enum GenFeed {
     },
 }
 
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use crate::service::now_ms;
 
 fn load_config(path: &Path) -> Result<Config> {
     if path.exists() {

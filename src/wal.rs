@@ -84,6 +84,19 @@ impl Segment {
     }
 }
 
+/// The first offsets of the segment files in `dir`, ascending.
+fn segment_firsts(dir: &Path) -> Result<Vec<i64>> {
+    let mut firsts: Vec<i64> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            name.strip_suffix(".wal")?.parse::<i64>().ok()
+        })
+        .collect();
+    firsts.sort_unstable();
+    Ok(firsts)
+}
+
 fn segment_path(dir: &Path, first: i64) -> PathBuf {
     dir.join(format!("{first:020}.wal"))
 }
@@ -181,14 +194,7 @@ impl LocalLog {
     /// offset already committed downstream; new offsets follow it.
     pub fn open(dir: &Path, committed: i64, segment_bytes: u64, queue: usize) -> Result<LocalLog> {
         std::fs::create_dir_all(dir)?;
-        let mut firsts: Vec<i64> = std::fs::read_dir(dir)?
-            .filter_map(|e| e.ok())
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().to_string();
-                name.strip_suffix(".wal")?.parse::<i64>().ok()
-            })
-            .collect();
-        firsts.sort_unstable();
+        let firsts = segment_firsts(dir)?;
         let mut segments = Vec::new();
         let mut keys = HashMap::new();
         let mut next = committed + 1;
@@ -478,16 +484,8 @@ impl IngestLog for LocalLog {
     async fn replay(&self, after: i64) -> Result<Vec<Record>> {
         let dir = self.dir.clone();
         tokio::task::spawn_blocking(move || {
-            let mut firsts: Vec<i64> = std::fs::read_dir(&dir)?
-                .filter_map(|e| e.ok())
-                .filter_map(|e| {
-                    let name = e.file_name().to_string_lossy().to_string();
-                    name.strip_suffix(".wal")?.parse::<i64>().ok()
-                })
-                .collect();
-            firsts.sort_unstable();
             let mut out = Vec::new();
-            for first in firsts {
+            for first in segment_firsts(&dir)? {
                 let (records, _) = read_segment(&segment_path(&dir, first))?;
                 out.extend(records.into_iter().filter(|r| r.offset > after));
             }

@@ -86,6 +86,16 @@ async fn post(
     )
 }
 
+async fn flow_status(client: &reqwest::Client, r: &Running, flow: &str) -> Value {
+    let resp = client
+        .get(url(r, &format!("/v1/flows/{flow}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    resp.json().await.unwrap()
+}
+
 async fn commit(client: &reqwest::Client, r: &Running, flow: &str) -> Value {
     let resp = client
         .post(url(r, &format!("/v1/flows/{flow}/commit")))
@@ -304,14 +314,7 @@ fn bad_requests_get_a_status_a_code_and_the_offending_row_and_column() {
             (404, Some("AUTOCDC_FLOW_NOT_FOUND"))
         );
         // Nothing of any rejected batch was kept.
-        let st: Value = c
-            .get(url(&r, "/v1/flows/c"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let st = flow_status(&c, &r, "c").await;
         assert_eq!(st["status"]["accepted_batches"], 0, "{st}");
         assert_eq!(st["status"]["wal"]["next_offset"], 1, "{st}");
         assert_eq!(commit(&c, &r, "c").await["snapshot_id"], Value::Null);
@@ -432,14 +435,7 @@ fn a_retried_idempotency_key_is_acknowledged_again_and_applied_once() {
         let (_, later) = post(&c, &changes, "application/x-ndjson", body, Some("req-1")).await;
         assert_eq!(later["offset"], first["offset"]);
         assert_eq!(commit(&c, &r, "c").await["snapshot_id"], Value::Null);
-        let st: Value = c
-            .get(url(&r, "/v1/flows/c"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let st = flow_status(&c, &r, "c").await;
         assert_eq!(st["status"]["counters"]["rows_in"], 6, "{st}");
         assert_eq!(st["status"]["accepted_batches"], 1, "{st}");
         assert_eq!(table(tmp.path(), "c").await, expected(&CUSTOMERS_EVENTS));
@@ -754,14 +750,7 @@ fn a_tie_found_at_commit_rejects_only_the_later_batch() {
                 &["3", "Bath", "1"]
             ])
         );
-        let st: Value = c
-            .get(url(&r, "/v1/flows/c"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let st = flow_status(&c, &r, "c").await;
         assert_eq!(st["status"]["rejected_at_commit"], 1, "{st}");
         let why = st["status"]["last_rejection"].as_str().unwrap();
         assert!(
@@ -869,14 +858,7 @@ fn push_sends_files_once() {
         assert_eq!(table(tmp.path(), "c").await, expected(&CUSTOMERS_EVENTS));
         autocdc::push::push(&args).await.unwrap();
         let c = reqwest::Client::new();
-        let st: Value = c
-            .get(url(&r, "/v1/flows/c"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let st = flow_status(&c, &r, "c").await;
         assert_eq!(st["status"]["accepted_batches"], 3, "{st}");
         // A flow that does not exist is a clear error, not a retry loop.
         let mut bad = args;
