@@ -18,7 +18,8 @@ pub enum Error {
 
     /// A micro-batch that is rejected whole; nothing of it is applied.
     #[error(
-        "[{code}] flow `{flow}`: row {row}, column `{column}`: {message}; nothing of this batch was applied"
+        "[{code}] flow `{flow}`: row {row}{}: {message}; nothing of this batch was applied",
+        column_part(.column)
     )]
     Batch {
         code: &'static str,
@@ -83,6 +84,14 @@ pub enum Error {
 
     #[error("[AUTOCDC_JSON] {0}")]
     Json(#[from] serde_json::Error),
+}
+
+fn column_part(column: &str) -> String {
+    if column.is_empty() {
+        String::new()
+    } else {
+        format!(", column `{column}`")
+    }
 }
 
 impl Error {

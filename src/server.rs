@@ -346,8 +346,13 @@ async fn post_changes(
     .await
     .map_err(|e| ApiError::from(Error::Unavailable(e.to_string())))?;
     let batch = match batch {
-        Ok(b) => b?,
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => {
+            rt.count_rejected();
+            return Err(e.into());
+        }
         Err(other) => {
+            rt.count_rejected();
             return Err(plain(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "AUTOCDC_UNSUPPORTED_MEDIA_TYPE",

@@ -122,6 +122,11 @@ impl FlowRuntime {
         s
     }
 
+    /// Counts a request rejected before it reached the log (bad body).
+    pub fn count_rejected(&self) {
+        self.lock().status.rejected_batches += 1;
+    }
+
     pub fn subscribe(&self) -> watch::Receiver<Committed> {
         self.committed.subscribe()
     }

@@ -296,7 +296,8 @@ fn bad_requests_get_a_status_a_code_and_the_offending_row_and_column() {
             assert_eq!((s, e["code"].as_str()), (status, Some(code)), "{body}: {v}");
             assert_eq!(e["row"].as_u64(), row, "{body}: {v}");
             assert_eq!(e["column"].as_str(), column, "{body}: {v}");
-            assert!(!e["message"].as_str().unwrap().is_empty());
+            let msg = e["message"].as_str().unwrap();
+            assert!(msg.contains(code) && !msg.contains("``"), "{msg}");
         }
         // Too large a body, and an unknown flow.
         let (s, _) = post(&c, &changes, nd, format!("{ok}\n").repeat(200), None).await;
@@ -316,6 +317,7 @@ fn bad_requests_get_a_status_a_code_and_the_offending_row_and_column() {
         // Nothing of any rejected batch was kept.
         let st = flow_status(&c, &r, "c").await;
         assert_eq!(st["status"]["accepted_batches"], 0, "{st}");
+        assert_eq!(st["status"]["rejected_batches"], 9, "{st}");
         assert_eq!(st["status"]["wal"]["next_offset"], 1, "{st}");
         assert_eq!(commit(&c, &r, "c").await["snapshot_id"], Value::Null);
         r.stop().await.unwrap();
