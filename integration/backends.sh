@@ -2,7 +2,8 @@
 # Real backends for the integration suite, started natively (no Docker):
 #   PostgreSQL 15 (a private cluster) and SeaweedFS (S3 store + Iceberg REST catalog).
 #
-#   integration/backends.sh up     start both (idempotent), then print the endpoints
+#   integration/backends.sh up [pg|weed]...   start them (default both; idempotent),
+#                                             then print the endpoints
 #   integration/backends.sh env    print the endpoints as `export VAR=...` lines
 #   integration/backends.sh down   stop both
 #
@@ -109,9 +110,21 @@ print_env() {
   return 0
 }
 
-case "${1:-}" in
-  up) pg_up; weed_up; print_env ;;
+cmd=${1:-}
+shift || true
+which=("$@")
+[ ${#which[@]} -eq 0 ] && which=(pg weed)
+case "$cmd" in
+  up)
+    for b in "${which[@]}"; do
+      case "$b" in
+        pg) pg_up ;;
+        weed) weed_up ;;
+        *) echo "unknown backend $b (pg, weed)" >&2; exit 2 ;;
+      esac
+    done
+    print_env ;;
   down) weed_down; pg_down; rm -f "$root"/*.port ;;
   env) print_env ;;
-  *) echo "usage: $0 up|down|env" >&2; exit 2 ;;
+  *) echo "usage: $0 up [pg|weed]... | down | env" >&2; exit 2 ;;
 esac

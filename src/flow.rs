@@ -126,6 +126,20 @@ pub enum CatalogConfig {
         #[serde(default = "default_warehouse")]
         warehouse: String,
     },
+    /// JDBC-compatible SQL catalog on PostgreSQL (Iceberg Java's JdbcCatalog tables).
+    Sql {
+        /// e.g. `postgres://user:password@host:5432/database`
+        uri: String,
+        /// `catalog_name` in `iceberg_tables`.
+        #[serde(default = "default_catalog_name")]
+        name: String,
+        #[serde(default = "default_warehouse")]
+        warehouse: String,
+    },
+}
+
+fn default_catalog_name() -> String {
+    "autocdc".into()
 }
 
 impl Default for CatalogConfig {

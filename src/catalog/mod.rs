@@ -6,6 +6,7 @@
 //! API boundary: the engine sees only `Catalog` and `TableState`.
 
 pub mod hadoop;
+pub mod sql;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -81,5 +82,12 @@ pub fn open(config: &CatalogConfig, faults: Arc<crate::fault::Faults>) -> Result
         CatalogConfig::Hadoop { warehouse } => {
             Ok(Arc::new(hadoop::HadoopCatalog::new(warehouse, faults)?))
         }
+        CatalogConfig::Sql {
+            uri,
+            name,
+            warehouse,
+        } => Ok(Arc::new(sql::SqlCatalog::new(
+            uri, name, warehouse, faults,
+        )?)),
     }
 }

@@ -1,0 +1,191 @@
+//! The SQL catalog on a real PostgreSQL (started by `integration/backends.sh
+//! up pg`, which `scripts/test` runs): random batchings with restarts give
+//! the oracle, the row in `iceberg_tables` follows each commit, and a commit
+//! from a stale base loses the compare-and-swap.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use autocdc::catalog::Catalog;
+use autocdc::catalog::sql::SqlCatalog;
+use autocdc::engine::Engine;
+use autocdc::fault::Faults;
+use autocdc::flow::Flow;
+use common::*;
+
+fn postgres_url() -> String {
+    std::env::var("AUTOCDC_TEST_POSTGRES_URL").expect(
+        "AUTOCDC_TEST_POSTGRES_URL is not set: run `eval \"$(integration/backends.sh up pg)\"` first (scripts/test does)",
+    )
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn catalog(name: &str, dir: &std::path::Path) -> Arc<dyn Catalog> {
+    Arc::new(
+        SqlCatalog::new(
+            &postgres_url(),
+            name,
+            dir.to_str().unwrap(),
+            Arc::new(Faults::default()),
+        )
+        .unwrap(),
+    )
+}
+
+async fn open(cat: &Arc<dyn Catalog>, flow: &Flow) -> Engine {
+    Engine::open(flow.clone(), cat.clone(), Arc::new(Faults::default()))
+        .await
+        .unwrap()
+}
+
+async fn table_rows(engine: &Engine) -> BTreeSet<Vec<String>> {
+    let mut out = BTreeSet::new();
+    for b in engine.scan_target().await.unwrap() {
+        for r in render_all(&b) {
+            assert!(out.insert(r.clone()), "row {r:?} read twice");
+        }
+    }
+    out
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
+}
+
+#[test]
+fn random_batchings_through_the_sql_catalog_match_the_oracle() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let rt = rt();
+    let mut runner = TestRunner::new(Config {
+        cases: 8,
+        ..Config::default()
+    });
+    let strategy = (
+        prop::collection::vec((0i64..4, any::<bool>(), 0usize..3, 0i64..5), 1..20),
+        prop::collection::vec(any::<bool>(), 20),
+        prop::collection::vec(any::<bool>(), 20),
+    );
+    runner
+        .run(&strategy, |(changes, cuts, restarts)| {
+            let cities = ["Leeds", "York", "Bath"];
+            let flow = customers();
+            let evs: Vec<Ev> = changes
+                .iter()
+                .map(|&(k, del, c, s)| if del { d(k, s) } else { u(k, cities[c], s) })
+                .collect();
+            let mut batches: Vec<Vec<Ev>> = vec![Vec::new()];
+            for (i, e) in evs.iter().enumerate() {
+                batches.last_mut().unwrap().push(*e);
+                if cuts[i] && i + 1 < evs.len() {
+                    batches.push(Vec::new());
+                }
+            }
+            let arrow: Vec<RecordBatch> = batches.iter().map(|b| batch(&flow, b)).collect();
+            let tmp = tempfile::tempdir().unwrap();
+            let name = unique("prop");
+            let got = rt.block_on(async {
+                let cat = catalog(&name, tmp.path());
+                let mut engine = open(&cat, &flow).await;
+                for (i, b) in arrow.iter().enumerate() {
+                    engine.apply(b, i as i64).await.unwrap();
+                    if restarts[i] {
+                        // A fresh process: a new connection pool, same database.
+                        engine = open(&catalog(&name, tmp.path()), &flow).await;
+                    }
+                }
+                table_rows(&engine).await
+            });
+            prop_assert_eq!(got, oracle(&flow, &arrow));
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn the_catalog_row_follows_commits_and_a_stale_base_loses() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let name = unique("cas");
+        let cat = catalog(&name, tmp.path());
+        let flow = customers();
+        let mut engine = open(&cat, &flow).await;
+        let before = engine.target().clone();
+        engine
+            .apply(&batch(&flow, &[u(1, "Leeds", 1)]), 1)
+            .await
+            .unwrap();
+        let after = engine.target().clone();
+        assert_ne!(before.metadata_location, after.metadata_location);
+        assert!(after.metadata_location.ends_with(".metadata.json"));
+        // The row Java's JdbcCatalog reads.
+        let pool = sqlx::PgPool::connect(&postgres_url()).await.unwrap();
+        let (loc, prev): (String, Option<String>) = sqlx::query_as(
+            "SELECT metadata_location, previous_metadata_location FROM iceberg_tables
+             WHERE catalog_name = $1 AND table_namespace = 'crm' AND table_name = 'customers'",
+        )
+        .bind(&name)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(loc, after.metadata_location);
+        assert_eq!(prev.as_deref(), Some(before.metadata_location.as_str()));
+        // A writer still on `before` loses the compare-and-swap; nothing changes.
+        let e = cat
+            .commit(
+                &before,
+                vec![iceberg::TableUpdate::SetProperties {
+                    updates: [("x".to_string(), "y".to_string())].into(),
+                }],
+                vec![],
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "AUTOCDC_COMMIT_CONFLICT", "{e}");
+        let now = cat.load_table(&flow.target).await.unwrap().unwrap();
+        assert_eq!(now.metadata_location, after.metadata_location);
+        // Reopened on a new pool, the engine continues from the committed state.
+        let mut engine = open(&catalog(&name, tmp.path()), &flow).await;
+        engine
+            .apply(&batch(&flow, &[u(1, "York", 2), u(2, "Bath", 1)]), 2)
+            .await
+            .unwrap();
+        assert_eq!(
+            table_rows(&engine).await,
+            rows(&[&["1", "York", "2"], &["2", "Bath", "1"]])
+        );
+    });
+}
+
+#[test]
+fn an_unreachable_database_is_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let cat: Arc<dyn Catalog> = Arc::new(
+            SqlCatalog::new(
+                "postgres://app:secret@127.0.0.1:1/none",
+                "x",
+                tmp.path().to_str().unwrap(),
+                Arc::new(Faults::default()),
+            )
+            .unwrap(),
+        );
+        let e = Engine::open(customers(), cat, Arc::new(Faults::default()))
+            .await
+            .err()
+            .unwrap();
+        let msg = e.to_string();
+        assert!(msg.contains("catalog.uri") && msg.contains("***"), "{msg}");
+        assert!(!msg.contains("secret"), "{msg}");
+    });
+}
