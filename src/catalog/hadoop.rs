@@ -9,9 +9,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use iceberg::io::FileIO;
-use iceberg::spec::{
-    FormatVersion, Schema, SortOrder, TableMetadata, TableMetadataBuilder, UnboundPartitionSpec,
-};
+use iceberg::spec::{Schema, TableMetadata, UnboundPartitionSpec};
 use iceberg::{TableIdent, TableRequirement, TableUpdate};
 
 use super::{Catalog, TableState};
@@ -45,14 +43,7 @@ impl HadoopCatalog {
     }
 
     pub fn table_location(&self, ident: &TableIdent) -> String {
-        let mut loc = self.root.clone();
-        for part in ident.namespace().as_ref() {
-            loc.push('/');
-            loc.push_str(part);
-        }
-        loc.push('/');
-        loc.push_str(ident.name());
-        loc
+        super::table_location(&self.root, ident)
     }
 
     fn metadata_file(location: &str, version: i64) -> String {
@@ -190,17 +181,7 @@ impl Catalog for HadoopCatalog {
         spec: UnboundPartitionSpec,
         properties: HashMap<String, String>,
     ) -> Result<TableState> {
-        let location = self.table_location(ident);
-        let metadata = TableMetadataBuilder::new(
-            schema,
-            spec,
-            SortOrder::unsorted_order(),
-            location,
-            FormatVersion::V2,
-            properties,
-        )?
-        .build()?
-        .metadata;
+        let metadata = super::new_metadata(self.table_location(ident), schema, spec, properties)?;
         self.write_version(ident, metadata, 1).await
     }
 
@@ -210,19 +191,8 @@ impl Catalog for HadoopCatalog {
         updates: Vec<TableUpdate>,
         requirements: Vec<TableRequirement>,
     ) -> Result<TableState> {
-        for r in &requirements {
-            r.check(Some(&base.metadata))
-                .map_err(|e| Error::CommitConflict(format!("table {}: {e}", base.ident)))?;
-        }
         let version = Self::version_of(&base.metadata_location)?;
-        let mut builder = TableMetadataBuilder::new_from_metadata(
-            (*base.metadata).clone(),
-            Some(base.metadata_location.clone()),
-        );
-        for u in updates {
-            builder = u.apply(builder)?;
-        }
-        let metadata = builder.build()?.metadata;
+        let metadata = super::apply_updates(base, updates, &requirements)?;
         self.write_version(&base.ident, metadata, version + 1).await
     }
 

@@ -12,11 +12,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use iceberg::io::FileIO;
-use iceberg::spec::{Schema, TableMetadataRef, UnboundPartitionSpec};
+use iceberg::spec::{
+    FormatVersion, Schema, SortOrder, TableMetadata, TableMetadataBuilder, TableMetadataRef,
+    UnboundPartitionSpec,
+};
 use iceberg::table::Table;
 use iceberg::{TableIdent, TableRequirement, TableUpdate};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::flow::CatalogConfig;
 
 /// One loaded version of a table.
@@ -74,6 +77,57 @@ pub trait Catalog: Send + Sync + std::fmt::Debug {
 
     /// Removes the table and its files. Returns false when it did not exist.
     async fn drop_table(&self, ident: &TableIdent) -> Result<bool>;
+}
+
+/// `<root>/<ns...>/<table>`: where both catalogs put a table.
+pub(crate) fn table_location(root: &str, ident: &TableIdent) -> String {
+    let mut loc = root.to_string();
+    for part in ident.namespace().as_ref() {
+        loc.push('/');
+        loc.push_str(part);
+    }
+    loc.push('/');
+    loc.push_str(ident.name());
+    loc
+}
+
+/// The first metadata of a new format-v2 table.
+pub(crate) fn new_metadata(
+    location: String,
+    schema: Schema,
+    spec: UnboundPartitionSpec,
+    properties: HashMap<String, String>,
+) -> Result<TableMetadata> {
+    Ok(TableMetadataBuilder::new(
+        schema,
+        spec,
+        SortOrder::unsorted_order(),
+        location,
+        FormatVersion::V2,
+        properties,
+    )?
+    .build()?
+    .metadata)
+}
+
+/// `base` moved forward by `updates`, once `requirements` hold on it.
+pub(crate) fn apply_updates(
+    base: &TableState,
+    updates: Vec<TableUpdate>,
+    requirements: &[TableRequirement],
+) -> Result<TableMetadata> {
+    for r in requirements {
+        r.check(Some(&base.metadata))
+            .map_err(|e| Error::CommitConflict(format!("table {}: {e}", base.ident)))?;
+    }
+    let mut builder = TableMetadataBuilder::new_from_metadata(
+        (*base.metadata).clone(),
+        Some(base.metadata_location.clone()),
+    );
+    for u in updates {
+        builder = u.apply(builder)?;
+    }
+    Ok(builder.build()?.metadata)
 }
 
 /// Opens the catalog a configuration names.

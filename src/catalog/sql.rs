@@ -14,9 +14,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use iceberg::io::FileIO;
-use iceberg::spec::{
-    FormatVersion, Schema, SortOrder, TableMetadata, TableMetadataBuilder, UnboundPartitionSpec,
-};
+use iceberg::spec::{Schema, TableMetadata, UnboundPartitionSpec};
 use iceberg::{TableIdent, TableRequirement, TableUpdate};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
@@ -99,14 +97,7 @@ impl SqlCatalog {
     }
 
     fn table_location(&self, ident: &TableIdent) -> String {
-        let mut loc = self.root.clone();
-        for part in ident.namespace().as_ref() {
-            loc.push('/');
-            loc.push_str(part);
-        }
-        loc.push('/');
-        loc.push_str(ident.name());
-        loc
+        super::table_location(&self.root, ident)
     }
 
     fn version_of(metadata_location: &str) -> i64 {
@@ -186,16 +177,7 @@ impl Catalog for SqlCatalog {
         properties: HashMap<String, String>,
     ) -> Result<TableState> {
         self.init().await?;
-        let metadata = TableMetadataBuilder::new(
-            schema,
-            spec,
-            SortOrder::unsorted_order(),
-            self.table_location(ident),
-            FormatVersion::V2,
-            properties,
-        )?
-        .build()?
-        .metadata;
+        let metadata = super::new_metadata(self.table_location(ident), schema, spec, properties)?;
         let file = self.write_metadata(&metadata, 0).await?;
         let res = sqlx::query(
             "INSERT INTO iceberg_tables
@@ -227,18 +209,7 @@ impl Catalog for SqlCatalog {
         updates: Vec<TableUpdate>,
         requirements: Vec<TableRequirement>,
     ) -> Result<TableState> {
-        for r in &requirements {
-            r.check(Some(&base.metadata))
-                .map_err(|e| Error::CommitConflict(format!("table {}: {e}", base.ident)))?;
-        }
-        let mut builder = TableMetadataBuilder::new_from_metadata(
-            (*base.metadata).clone(),
-            Some(base.metadata_location.clone()),
-        );
-        for u in updates {
-            builder = u.apply(builder)?;
-        }
-        let metadata = builder.build()?.metadata;
+        let metadata = super::apply_updates(base, updates, &requirements)?;
         let file = self
             .write_metadata(&metadata, Self::version_of(&base.metadata_location) + 1)
             .await?;
