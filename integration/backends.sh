@@ -76,7 +76,18 @@ weed_up() {
   for _ in $(seq 1 100); do
     if curl -sf "http://127.0.0.1:$rest/v1/config?warehouse=warehouse" >/dev/null 2>&1 ||
        curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$rest/v1/config?warehouse=warehouse" 2>/dev/null | grep -q '^[1-4]'; then
-      return 0
+      # `warehouse` is the REST catalog's table bucket (S3 access only through
+      # the catalog's tables); `autocdc` is a plain bucket for the Hadoop and
+      # SQL catalogs' warehouses. A signed PUT creates it (409 if it exists).
+      local code
+      for _ in $(seq 1 50); do
+        code=$(curl -s -o /dev/null -w '%{http_code}' --aws-sigv4 "aws:amz:us-east-1:s3" \
+          --user admin:adminsecret -X PUT "http://127.0.0.1:$s3/autocdc")
+        case $code in 200|409) return 0 ;; esac
+        sleep 0.2
+      done
+      echo "SeaweedFS: creating bucket autocdc answered $code; see $root/weed.log" >&2
+      return 1
     fi
     sleep 0.2
   done
@@ -104,7 +115,8 @@ print_env() {
     echo "export AUTOCDC_TEST_S3_ACCESS_KEY_ID=admin"
     echo "export AUTOCDC_TEST_S3_SECRET_ACCESS_KEY=adminsecret"
     echo "export AUTOCDC_TEST_S3_REGION=us-east-1"
-    echo "export AUTOCDC_TEST_S3_BUCKET=warehouse"
+    echo "export AUTOCDC_TEST_S3_BUCKET=autocdc"
+    echo "export AUTOCDC_TEST_REST_WAREHOUSE=warehouse"
   fi
   [ -n "$rest" ] && echo "export AUTOCDC_TEST_REST_URI=http://127.0.0.1:$rest"
   return 0

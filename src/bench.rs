@@ -187,6 +187,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         warehouse
             .to_str()
             .ok_or_else(|| Error::Config("non-UTF-8 dir".into()))?,
+        None,
         Arc::new(Faults::default()),
     )?);
     let mut engine =

@@ -237,7 +237,10 @@ pub async fn run(cli: Cli) -> Result<()> {
             limit,
         } => {
             let catalog = match warehouse {
-                Some(warehouse) => open_catalog(&CatalogConfig::Hadoop { warehouse })?,
+                Some(warehouse) => open_catalog(&CatalogConfig::Hadoop {
+                    warehouse,
+                    s3: None,
+                })?,
                 None => open_catalog(&load_config(&config)?.catalog)?,
             };
             let ident = parse_table_ident("show", &table)?;

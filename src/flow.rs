@@ -125,6 +125,9 @@ pub enum CatalogConfig {
     Hadoop {
         #[serde(default = "default_warehouse")]
         warehouse: String,
+        /// For an `s3://` warehouse.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        s3: Option<S3Config>,
     },
     /// JDBC-compatible SQL catalog on PostgreSQL (Iceberg Java's JdbcCatalog tables).
     Sql {
@@ -135,7 +138,40 @@ pub enum CatalogConfig {
         name: String,
         #[serde(default = "default_warehouse")]
         warehouse: String,
+        /// For an `s3://` warehouse.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        s3: Option<S3Config>,
     },
+}
+
+/// `[catalog.s3]`: an S3-compatible object store. Credentials left out come
+/// from the usual AWS environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+/// `AWS_SESSION_TOKEN`, profiles, instance metadata).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Config {
+    /// e.g. `http://127.0.0.1:8333`; AWS's own endpoint when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Defaults to `us-east-1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// Path-style addressing (`endpoint/bucket/key`). Defaults to true when an
+    /// endpoint is set (S3-compatible stores), false on AWS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_style: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_key_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_access_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token: Option<String>,
+}
+
+impl S3Config {
+    pub fn path_style(&self) -> bool {
+        self.path_style.unwrap_or(self.endpoint.is_some())
+    }
 }
 
 fn default_catalog_name() -> String {
@@ -146,6 +182,7 @@ impl Default for CatalogConfig {
     fn default() -> Self {
         CatalogConfig::Hadoop {
             warehouse: default_warehouse(),
+            s3: None,
         }
     }
 }

@@ -130,6 +130,7 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         },
         catalog: CatalogConfig::Hadoop {
             warehouse: tmp.join("wh").to_string_lossy().to_string(),
+            s3: None,
         },
         flows,
     };

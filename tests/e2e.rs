@@ -29,7 +29,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn catalog(dir: &std::path::Path, faults: Arc<Faults>) -> Arc<dyn Catalog> {
-    Arc::new(HadoopCatalog::new(dir.to_str().unwrap(), faults).unwrap())
+    Arc::new(HadoopCatalog::new(dir.to_str().unwrap(), None, faults).unwrap())
 }
 
 /// A fresh engine on `dir` with no faults armed: a process (re)start.

@@ -41,6 +41,7 @@ fn config(dir: &Path, flows: Vec<FlowConfig>) -> Config {
         },
         catalog: CatalogConfig::Hadoop {
             warehouse: dir.join("wh").to_string_lossy().to_string(),
+            s3: None,
         },
         flows,
     }
@@ -108,7 +109,7 @@ async fn commit(client: &reqwest::Client, r: &Running, flow: &str) -> Value {
 
 async fn table(dir: &Path, flow: &str) -> BTreeSet<Vec<String>> {
     let faults = Arc::new(Faults::default());
-    let cat = HadoopCatalog::new(dir.join("wh").to_str().unwrap(), faults).unwrap();
+    let cat = HadoopCatalog::new(dir.join("wh").to_str().unwrap(), None, faults).unwrap();
     let ident = autocdc::flow::parse_table_ident(flow, &format!("crm.{flow}")).unwrap();
     let Some(t) = cat.load_table(&ident).await.unwrap() else {
         return BTreeSet::new();

@@ -36,6 +36,7 @@ fn catalog(name: &str, dir: &std::path::Path) -> Arc<dyn Catalog> {
             &postgres_url(),
             name,
             dir.to_str().unwrap(),
+            None,
             Arc::new(Faults::default()),
         )
         .unwrap(),
@@ -176,6 +177,7 @@ fn an_unreachable_database_is_a_clear_error() {
                 "postgres://app:secret@127.0.0.1:1/none",
                 "x",
                 tmp.path().to_str().unwrap(),
+                None,
                 Arc::new(Faults::default()),
             )
             .unwrap(),

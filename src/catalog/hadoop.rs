@@ -15,6 +15,7 @@ use iceberg::{TableIdent, TableRequirement, TableUpdate};
 use super::{Catalog, TableState};
 use crate::error::{Error, Result};
 use crate::fault::{FaultPoint, Faults};
+use crate::flow::S3Config;
 use crate::storage::Storage;
 
 #[derive(Debug)]
@@ -23,19 +24,29 @@ pub struct HadoopCatalog {
     root: String,
     file_io: FileIO,
     faults: Arc<Faults>,
+    checked: tokio::sync::OnceCell<()>,
 }
 
 const HINT: &str = "version-hint.text";
 
 impl HadoopCatalog {
-    pub fn new(warehouse: &str, faults: Arc<Faults>) -> Result<Self> {
-        let (storage, root) = Storage::for_warehouse(warehouse)?;
+    pub fn new(warehouse: &str, s3: Option<&S3Config>, faults: Arc<Faults>) -> Result<Self> {
+        let warehouse = Storage::for_warehouse(warehouse, s3)?;
         Ok(HadoopCatalog {
-            storage,
-            root,
-            file_io: FileIO::new_with_fs(),
+            storage: warehouse.storage,
+            root: warehouse.root,
+            file_io: warehouse.file_io,
             faults,
+            checked: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// Checks the warehouse once, before first use.
+    async fn ready(&self) -> Result<()> {
+        self.checked
+            .get_or_try_init(|| self.storage.check(&self.root))
+            .await?;
+        Ok(())
     }
 
     pub fn root(&self) -> &str {
@@ -157,6 +168,7 @@ impl Catalog for HadoopCatalog {
     }
 
     async fn load_table(&self, ident: &TableIdent) -> Result<Option<TableState>> {
+        self.ready().await?;
         let location = self.table_location(ident);
         let Some(v) = self.current_version(&location).await? else {
             return Ok(None);
@@ -181,6 +193,7 @@ impl Catalog for HadoopCatalog {
         spec: UnboundPartitionSpec,
         properties: HashMap<String, String>,
     ) -> Result<TableState> {
+        self.ready().await?;
         let metadata = super::new_metadata(self.table_location(ident), schema, spec, properties)?;
         self.write_version(ident, metadata, 1).await
     }

@@ -133,15 +133,22 @@ pub(crate) fn apply_updates(
 /// Opens the catalog a configuration names.
 pub fn open(config: &CatalogConfig, faults: Arc<crate::fault::Faults>) -> Result<Arc<dyn Catalog>> {
     match config {
-        CatalogConfig::Hadoop { warehouse } => {
-            Ok(Arc::new(hadoop::HadoopCatalog::new(warehouse, faults)?))
-        }
+        CatalogConfig::Hadoop { warehouse, s3 } => Ok(Arc::new(hadoop::HadoopCatalog::new(
+            warehouse,
+            s3.as_ref(),
+            faults,
+        )?)),
         CatalogConfig::Sql {
             uri,
             name,
             warehouse,
+            s3,
         } => Ok(Arc::new(sql::SqlCatalog::new(
-            uri, name, warehouse, faults,
+            uri,
+            name,
+            warehouse,
+            s3.as_ref(),
+            faults,
         )?)),
     }
 }

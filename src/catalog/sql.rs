@@ -21,6 +21,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use super::{Catalog, TableState};
 use crate::error::{Error, Result};
 use crate::fault::{FaultPoint, Faults};
+use crate::flow::S3Config;
 use crate::storage::Storage;
 
 #[derive(Debug)]
@@ -53,20 +54,26 @@ const NAMESPACE_PROPS: &str = "CREATE TABLE IF NOT EXISTS iceberg_namespace_prop
 
 impl SqlCatalog {
     /// Connects lazily; `init` checks the connection and creates the tables.
-    pub fn new(uri: &str, name: &str, warehouse: &str, faults: Arc<Faults>) -> Result<Self> {
+    pub fn new(
+        uri: &str,
+        name: &str,
+        warehouse: &str,
+        s3: Option<&S3Config>,
+        faults: Arc<Faults>,
+    ) -> Result<Self> {
+        let warehouse = Storage::for_warehouse(warehouse, s3)?;
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .acquire_timeout(std::time::Duration::from_secs(10))
             .connect_lazy(uri)
             .map_err(|e| Error::Config(format!("catalog.uri: {e}")))?;
-        let (storage, root) = Storage::for_warehouse(warehouse)?;
         Ok(SqlCatalog {
             pool,
             name: name.to_string(),
             uri: redact(uri),
-            storage,
-            root,
-            file_io: FileIO::new_with_fs(),
+            storage: warehouse.storage,
+            root: warehouse.root,
+            file_io: warehouse.file_io,
             faults,
             ready: tokio::sync::OnceCell::new(),
         })
@@ -80,6 +87,7 @@ impl SqlCatalog {
     async fn init(&self) -> Result<()> {
         self.ready
             .get_or_try_init(|| async {
+                self.storage.check(&self.root).await?;
                 for ddl in [SCHEMA, NAMESPACE_PROPS] {
                     sqlx::query(ddl)
                         .execute(&self.pool)

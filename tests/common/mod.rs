@@ -399,3 +399,80 @@ pub mod cases {
         ]
     }
 }
+
+/// A two-worker runtime, like the machines CI runs on.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+pub async fn open_engine(
+    cat: &Arc<dyn autocdc::catalog::Catalog>,
+    flow: &Flow,
+) -> autocdc::engine::Engine {
+    autocdc::engine::Engine::open(
+        flow.clone(),
+        cat.clone(),
+        Arc::new(autocdc::fault::Faults::default()),
+    )
+    .await
+    .unwrap()
+}
+
+/// Every row of the target, each exactly once.
+pub async fn table_rows(engine: &autocdc::engine::Engine) -> BTreeSet<Vec<String>> {
+    let mut out = BTreeSet::new();
+    for b in engine.scan_target().await.unwrap() {
+        for r in render_all(&b) {
+            assert!(out.insert(r.clone()), "row {r:?} read twice");
+        }
+    }
+    out
+}
+
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A backend endpoint from `integration/backends.sh`, which `scripts/test` starts.
+pub fn backend_env(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: run `eval \"$(bash integration/backends.sh up)\"` first (scripts/test does)")
+    })
+}
+
+/// The S3 store `integration/backends.sh up weed` started.
+pub fn s3_config() -> autocdc::flow::S3Config {
+    autocdc::flow::S3Config {
+        endpoint: Some(backend_env("AUTOCDC_TEST_S3_ENDPOINT")),
+        region: Some(backend_env("AUTOCDC_TEST_S3_REGION")),
+        path_style: None,
+        access_key_id: Some(backend_env("AUTOCDC_TEST_S3_ACCESS_KEY_ID")),
+        secret_access_key: Some(backend_env("AUTOCDC_TEST_S3_SECRET_ACCESS_KEY")),
+        session_token: None,
+    }
+}
+
+/// A fresh warehouse prefix in the test bucket.
+pub fn s3_warehouse(prefix: &str) -> String {
+    format!(
+        "s3://{}/{}",
+        backend_env("AUTOCDC_TEST_S3_BUCKET"),
+        unique(prefix)
+    )
+}
+
+/// Events split into batches wherever `cuts` says.
+pub fn cut_batches(flow: &Flow, evs: &[Ev], cuts: &[bool]) -> Vec<RecordBatch> {
+    let mut batches: Vec<Vec<Ev>> = vec![Vec::new()];
+    for (i, e) in evs.iter().enumerate() {
+        batches.last_mut().unwrap().push(*e);
+        if cuts[i] && i + 1 < evs.len() {
+            batches.push(Vec::new());
+        }
+    }
+    batches.iter().map(|b| batch(flow, b)).collect()
+}
