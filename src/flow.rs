@@ -2,6 +2,7 @@
 //! of the crate works with. Validation happens once, here, at load time; every
 //! rejection has a stable code and names the column and the fix.
 
+use std::collections::BTreeMap;
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
@@ -142,12 +143,69 @@ pub enum CatalogConfig {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         s3: Option<S3Config>,
     },
+    /// An Iceberg REST catalog.
+    Rest(RestConfig),
+}
+
+/// `[catalog] type = "rest"`.
+#[derive(Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestConfig {
+    /// e.g. `https://catalog.example.com` (the `/v1/...` paths go below it).
+    pub uri: String,
+    /// Sent as `?warehouse=` to `/v1/config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warehouse: Option<String>,
+    /// Overrides the prefix the server's `/v1/config` gives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// OAuth2 client credentials, `client_id:client_secret`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+    /// A static bearer token (instead of `credential`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// Token endpoint; defaults to `<uri>/v1/oauth/tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth2_server_uri: Option<String>,
+    /// OAuth2 scope; defaults to `catalog`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// Extra HTTP headers on every request (Java's `header.*` properties).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// Bound on each catalog request; defaults to 30 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_timeout: Option<String>,
+    /// Credentials and endpoint for the table files, when the catalog does not vend them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Config>,
+}
+
+impl std::fmt::Debug for RestConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestConfig")
+            .field("uri", &self.uri)
+            .field("warehouse", &self.warehouse)
+            .field("prefix", &self.prefix)
+            .field(
+                "credential",
+                &self.credential.as_ref().map(|c| match c.split_once(':') {
+                    Some((id, _)) => format!("{id}:***"),
+                    None => "***".into(),
+                }),
+            )
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("s3", &self.s3)
+            .finish()
+    }
 }
 
 /// `[catalog.s3]`: an S3-compatible object store. Credentials left out come
 /// from the usual AWS environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
 /// `AWS_SESSION_TOKEN`, profiles, instance metadata).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct S3Config {
     /// e.g. `http://127.0.0.1:8333`; AWS's own endpoint when left out.
@@ -166,6 +224,21 @@ pub struct S3Config {
     pub secret_access_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Config")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("path_style", &self.path_style)
+            .field("access_key_id", &self.access_key_id)
+            .field(
+                "secret_access_key",
+                &self.secret_access_key.as_ref().map(|_| "***"),
+            )
+            .finish()
+    }
 }
 
 impl S3Config {

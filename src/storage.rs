@@ -67,7 +67,7 @@ impl Storage {
                 Ok(Warehouse {
                     storage,
                     root,
-                    file_io: s3_file_io(&cfg, &HashMap::new()),
+                    file_io: s3_file_io(&cfg),
                 })
             }
             Some(("file", _)) | None => {
@@ -338,43 +338,43 @@ impl Storage {
     }
 }
 
-/// A FileIO for `s3://` locations: `[catalog.s3]` first, then `extra`
-/// (properties a REST catalog returns with a table).
-pub fn s3_file_io(cfg: &S3Config, extra: &HashMap<String, String>) -> FileIO {
-    use iceberg::io::{
-        S3_ACCESS_KEY_ID, S3_ENDPOINT, S3_PATH_STYLE_ACCESS, S3_REGION, S3_SECRET_ACCESS_KEY,
-        S3_SESSION_TOKEN,
-    };
-    let mut props: HashMap<String, String> = extra.clone();
-    let mut set = |k: &str, v: &Option<String>| {
-        if let Some(v) = v {
-            props.insert(k.to_string(), v.clone());
-        }
-    };
-    set(S3_ENDPOINT, &cfg.endpoint);
-    set(S3_REGION, &cfg.region);
-    set(S3_ACCESS_KEY_ID, &cfg.access_key_id);
-    set(S3_SECRET_ACCESS_KEY, &cfg.secret_access_key);
-    set(S3_SESSION_TOKEN, &cfg.session_token);
-    if cfg.endpoint.is_some()
-        || cfg.path_style.is_some()
-        || !props.contains_key(S3_PATH_STYLE_ACCESS)
-    {
-        props.insert(
-            S3_PATH_STYLE_ACCESS.to_string(),
-            cfg.path_style().to_string(),
-        );
-    }
-    props
-        .entry(S3_REGION.to_string())
-        .or_insert_with(|| "us-east-1".to_string());
+/// A FileIO for `s3://` locations configured by `[catalog.s3]`.
+pub fn s3_file_io(cfg: &S3Config) -> FileIO {
     FileIOBuilder::new(Arc::new(
         iceberg_storage_opendal::OpenDalStorageFactory::S3 {
             customized_credential_load: None,
         },
     ))
-    .with_props(props)
+    .with_props(s3_props(cfg))
     .build()
+}
+
+/// `[catalog.s3]` as Iceberg FileIO properties (`s3.endpoint`, ...).
+pub fn s3_props(cfg: &S3Config) -> HashMap<String, String> {
+    use iceberg::io::{
+        S3_ACCESS_KEY_ID, S3_ENDPOINT, S3_PATH_STYLE_ACCESS, S3_REGION, S3_SECRET_ACCESS_KEY,
+        S3_SESSION_TOKEN,
+    };
+    let mut props = HashMap::new();
+    for (k, v) in [
+        (S3_ENDPOINT, &cfg.endpoint),
+        (S3_ACCESS_KEY_ID, &cfg.access_key_id),
+        (S3_SECRET_ACCESS_KEY, &cfg.secret_access_key),
+        (S3_SESSION_TOKEN, &cfg.session_token),
+    ] {
+        if let Some(v) = v {
+            props.insert(k.to_string(), v.clone());
+        }
+    }
+    props.insert(
+        S3_REGION.to_string(),
+        cfg.region.clone().unwrap_or_else(|| "us-east-1".into()),
+    );
+    props.insert(
+        S3_PATH_STYLE_ACCESS.to_string(),
+        cfg.path_style().to_string(),
+    );
+    props
 }
 
 /// The store's answer (its error code and message, e.g. `AccessDenied`)

@@ -6,6 +6,7 @@
 //! API boundary: the engine sees only `Catalog` and `TableState`.
 
 pub mod hadoop;
+pub mod rest;
 pub mod sql;
 
 use std::collections::HashMap;
@@ -150,5 +151,6 @@ pub fn open(config: &CatalogConfig, faults: Arc<crate::fault::Faults>) -> Result
             s3.as_ref(),
             faults,
         )?)),
+        CatalogConfig::Rest(cfg) => Ok(Arc::new(rest::RestCatalog::new(cfg)?)),
     }
 }

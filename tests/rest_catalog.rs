@@ -1,0 +1,187 @@
+//! The Iceberg REST catalog on a real server (SeaweedFS's, started by
+//! `integration/backends.sh up weed`, which `scripts/test` runs), with OAuth2
+//! client credentials and the table files on its S3 store: random batchings
+//! with restarts give the oracle, a commit from a stale base gets the
+//! server's 409, and misconfigurations name the setting and the answer.
+
+mod common;
+
+use std::sync::Arc;
+
+use autocdc::catalog::Catalog;
+use autocdc::catalog::rest::RestCatalog;
+use autocdc::flow::{FlowConfig, RestConfig};
+use common::*;
+
+fn rest_config() -> RestConfig {
+    let mut cfg: RestConfig = toml::from_str(&format!(
+        "uri = \"{}\"\nwarehouse = \"{}\"\ncredential = \"{}:{}\"",
+        backend_env("AUTOCDC_TEST_REST_URI"),
+        backend_env("AUTOCDC_TEST_REST_WAREHOUSE"),
+        backend_env("AUTOCDC_TEST_S3_ACCESS_KEY_ID"),
+        backend_env("AUTOCDC_TEST_S3_SECRET_ACCESS_KEY"),
+    ))
+    .unwrap();
+    cfg.s3 = Some(s3_config());
+    cfg
+}
+
+fn rest(cfg: &RestConfig) -> Arc<dyn Catalog> {
+    Arc::new(RestCatalog::new(cfg).unwrap())
+}
+
+/// The customers flow on a table of its own (SeaweedFS namespaces are flat).
+fn flow_in(ns: &str) -> autocdc::flow::Flow {
+    let mut cfg: FlowConfig = customers_config();
+    cfg.target = format!("{ns}.customers");
+    autocdc::flow::Flow::new(cfg).unwrap()
+}
+
+#[test]
+fn random_batchings_through_the_rest_catalog_match_the_oracle() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let rt = rt();
+    let mut runner = TestRunner::new(Config {
+        cases: 4,
+        ..Config::default()
+    });
+    let strategy = (
+        prop::collection::vec((0i64..4, any::<bool>(), 0usize..3, 0i64..5), 1..16),
+        prop::collection::vec(any::<bool>(), 16),
+        prop::collection::vec(any::<bool>(), 16),
+    );
+    runner
+        .run(&strategy, |(changes, cuts, restarts)| {
+            let cities = ["Leeds", "York", "Bath"];
+            let flow = flow_in(&unique("prop"));
+            let evs: Vec<Ev> = changes
+                .iter()
+                .map(|&(k, del, c, s)| if del { d(k, s) } else { u(k, cities[c], s) })
+                .collect();
+            let arrow = cut_batches(&flow, &evs, &cuts);
+            let got = rt.block_on(async {
+                let mut engine = open_engine(&rest(&rest_config()), &flow).await;
+                for (i, b) in arrow.iter().enumerate() {
+                    engine.apply(b, i as i64).await.unwrap();
+                    if restarts[i] {
+                        // A fresh process: a new client and a new token.
+                        engine = open_engine(&rest(&rest_config()), &flow).await;
+                    }
+                }
+                table_rows(&engine).await
+            });
+            prop_assert_eq!(got, oracle(&flow, &arrow));
+            Ok(())
+        })
+        .unwrap();
+}
+
+#[test]
+fn a_commit_from_a_stale_base_gets_the_servers_conflict() {
+    rt().block_on(async {
+        let cat = rest(&rest_config());
+        let flow = flow_in(&unique("cas"));
+        let mut engine = open_engine(&cat, &flow).await;
+        let before = engine.target().clone();
+        engine
+            .apply(&batch(&flow, &[u(1, "Leeds", 1)]), 1)
+            .await
+            .unwrap();
+        let after = engine.target().clone();
+        // The catalog's own view names the metadata file we committed.
+        let loaded = cat.load_table(&flow.target).await.unwrap().unwrap();
+        assert_eq!(loaded.metadata_location, after.metadata_location);
+        assert_eq!(
+            loaded.metadata.current_snapshot_id(),
+            after.metadata.current_snapshot_id()
+        );
+        assert!(loaded.metadata_location.starts_with("s3://"));
+        // A second snapshot built on `before` must be refused by the server.
+        let stale = autocdc::snapshot::produce(
+            cat.file_io(),
+            &before,
+            autocdc::snapshot::RowDelta {
+                data: Vec::new(),
+                deletes: Vec::new(),
+                base_snapshot: before.metadata.current_snapshot_id(),
+                replace: false,
+                properties: Default::default(),
+                now_ms: 1,
+            },
+        )
+        .await
+        .unwrap();
+        let e = cat
+            .commit(&before, stale.updates, stale.requirements)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "AUTOCDC_COMMIT_CONFLICT", "{e}");
+        let now = cat.load_table(&flow.target).await.unwrap().unwrap();
+        assert_eq!(now.metadata_location, after.metadata_location);
+        // The table goes on from the committed state on a new client.
+        let mut engine = open_engine(&rest(&rest_config()), &flow).await;
+        engine
+            .apply(
+                &batch(&flow, &[u(1, "York", 2), d(1, 3), u(2, "Bath", 1)]),
+                2,
+            )
+            .await
+            .unwrap();
+        assert_eq!(table_rows(&engine).await, rows(&[&["2", "Bath", "1"]]));
+        assert!(cat.drop_table(&flow.target).await.unwrap());
+        assert!(cat.load_table(&flow.target).await.unwrap().is_none());
+    });
+}
+
+async fn open_error(cfg: &RestConfig) -> String {
+    let flow = flow_in(&unique("bad"));
+    match autocdc::engine::Engine::open(
+        flow,
+        rest(cfg),
+        Arc::new(autocdc::fault::Faults::default()),
+    )
+    .await
+    {
+        Ok(_) => panic!("opened with a bad configuration: {cfg:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn rest_misconfigurations_name_the_setting_and_the_servers_answer() {
+    rt().block_on(async {
+        let good = rest_config();
+        let e = open_error(&RestConfig {
+            credential: Some("admin:wrong".into()),
+            ..good.clone()
+        })
+        .await;
+        assert!(e.contains("catalog.credential"), "{e}");
+        assert!(!e.contains("admin:wrong"), "the secret leaked: {e}");
+
+        let e = open_error(&RestConfig {
+            warehouse: Some("no-such-warehouse".into()),
+            ..good.clone()
+        })
+        .await;
+        assert!(e.contains("catalog.warehouse `no-such-warehouse`"), "{e}");
+
+        let e = open_error(&RestConfig {
+            uri: "http://127.0.0.1:1".into(),
+            ..good.clone()
+        })
+        .await;
+        assert!(e.contains("http://127.0.0.1:1"), "{e}");
+
+        let e = RestCatalog::new(&RestConfig {
+            credential: Some("no-colon".into()),
+            ..good.clone()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("client_id:client_secret"), "{e}");
+        // Secrets never show in Debug output.
+        let shown = format!("{good:?}");
+        assert!(!shown.contains("adminsecret"), "{shown}");
+    });
+}
