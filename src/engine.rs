@@ -58,8 +58,32 @@ pub struct CommitReport {
     pub input_offset: i64,
     pub tombstones_collected: usize,
     pub state_compacted: bool,
+    /// Commits that lost a race (or whose outcome was unknown and had not
+    /// landed) and were rebuilt on a reloaded table.
+    pub commit_retries: u32,
     /// Wall time of each phase, in milliseconds.
     pub timings: Timings,
+}
+
+/// How often a batch is rebuilt after a lost race or an unknown outcome
+/// before the error goes to the caller.
+const MAX_COMMIT_ATTEMPTS: u32 = 8;
+
+/// Why one attempt at a batch failed.
+enum Failure {
+    /// The target commit lost a race or its outcome is unknown: reload, look
+    /// for our snapshot, rebuild if it is not there.
+    AtCommit {
+        error: Error,
+        snapshot_id: i64,
+    },
+    Other(Error),
+}
+
+impl<E: Into<Error>> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure::Other(e.into())
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -126,6 +150,8 @@ pub struct Engine {
     /// (spec id, partition) of each live data file of the target; loaded
     /// from the manifests when a partitioned target first needs it.
     file_partitions: Option<HashMap<String, (i32, Struct)>>,
+    /// Data files the state points into that another writer removed.
+    gone_files: usize,
 }
 
 fn target_properties(flow: &Flow) -> HashMap<String, String> {
@@ -317,10 +343,11 @@ impl Engine {
         let partitioned_by_keys = partitioner
             .as_ref()
             .is_some_and(|p| p.source_ids.iter().all(|id| key_ids.contains(id)));
-        Ok(Engine {
+        let mut engine = Engine {
             partitioner,
             partitioned_by_keys,
             file_partitions: None,
+            gone_files: 0,
             codec,
             catalog,
             faults,
@@ -338,7 +365,16 @@ impl Engine {
             state_log_rows,
             poisoned: false,
             flow,
-        })
+        };
+        if foreign || !engine.state_complete {
+            // Another writer has committed to the target: a compaction may
+            // have moved rows out of the files the state points into. Rows in
+            // files no longer live are removed by key (equality delete).
+            engine.load_file_partitions().await?;
+            let live = engine.file_partitions.as_ref().expect("loaded");
+            engine.gone_files = engine.state.files.mark_gone(|p| live.contains_key(p));
+        }
+        Ok(engine)
     }
 
     pub fn state(&self) -> &KeyIndex {
@@ -373,20 +409,74 @@ impl Engine {
 
     /// Like `apply`, recording `input_offset` (the ingest log offset of the
     /// last change in `batch`) as the committed offset.
+    ///
+    /// A commit that loses a race with another writer, or whose outcome is
+    /// unknown (timeout, 5xx, lost connection), is resolved by reloading the
+    /// target: if our snapshot is there (or the target already records this
+    /// input offset) the batch is done; otherwise it is resolved again
+    /// against the reloaded state and committed on the new base. Never twice.
     pub async fn apply_at(
         &mut self,
         batch: &RecordBatch,
         now_ms: i64,
         input_offset: i64,
     ) -> Result<CommitReport> {
+        let mut attempted: Vec<i64> = Vec::new();
+        let mut delay = std::time::Duration::from_millis(50);
+        loop {
+            let (error, snapshot_id) = match self.try_apply_at(batch, now_ms, input_offset).await {
+                Ok(mut report) => {
+                    report.commit_retries = attempted.len() as u32;
+                    return Ok(report);
+                }
+                Err(Failure::Other(e)) => return Err(e),
+                Err(Failure::AtCommit { error, snapshot_id }) => (error, snapshot_id),
+            };
+            attempted.push(snapshot_id);
+            let retryable = matches!(error, Error::CommitConflict(_) | Error::Unavailable(_));
+            let fresh =
+                Engine::open(self.flow.clone(), self.catalog.clone(), self.faults.clone()).await?;
+            let landed = attempted
+                .iter()
+                .find(|id| fresh.target.metadata.snapshot_by_id(**id).is_some())
+                .copied();
+            let already = fresh.input_offset >= input_offset && input_offset > self.input_offset;
+            *self = fresh;
+            let done = landed.or(if already {
+                self.target.metadata.current_snapshot_id()
+            } else {
+                None
+            });
+            if let Some(id) = done {
+                return Ok(CommitReport {
+                    snapshot_id: Some(id),
+                    input_offset: self.input_offset,
+                    commit_retries: attempted.len() as u32,
+                    ..Default::default()
+                });
+            }
+            if !retryable || attempted.len() as u32 >= MAX_COMMIT_ATTEMPTS {
+                return Err(error);
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(std::time::Duration::from_secs(5));
+        }
+    }
+
+    async fn try_apply_at(
+        &mut self,
+        batch: &RecordBatch,
+        now_ms: i64,
+        input_offset: i64,
+    ) -> std::result::Result<CommitReport, Failure> {
         if self.poisoned {
-            return Err(Error::State {
+            return Err(Failure::Other(Error::State {
                 code: "AUTOCDC_INVALID_STATE.REOPEN",
                 message: format!(
                     "flow `{}`: a previous commit failed; reopen the flow",
                     self.flow.name
                 ),
-            });
+            }));
         }
         let mut clock = std::time::Instant::now();
         let res = resolve::resolve(
@@ -549,7 +639,14 @@ impl Engine {
         let target = self
             .catalog
             .commit(&self.target, produced.updates, produced.requirements)
-            .await?;
+            .await
+            .map_err(|error| match error {
+                Error::InjectedFault(_) => Failure::Other(error),
+                error => Failure::AtCommit {
+                    error,
+                    snapshot_id: target_snapshot,
+                },
+            })?;
         self.faults.hit(FaultPoint::AfterTargetCommit)?;
         report.timings.commits_ms = ms_since(&mut clock);
 

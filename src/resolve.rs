@@ -269,11 +269,12 @@ pub fn resolve(
                 Ordering::Greater => {}
             }
             match e.value {
-                Value::Live(Some(loc)) => {
+                Value::Live(Some(loc)) if state.files.is_live(loc.file) => {
                     remove_positions.push(loc);
                     stats.removed_by_position += 1;
                 }
-                Value::Live(None) => {
+                // Unknown position, or its file was rewritten by another writer.
+                Value::Live(_) => {
                     remove_keys.push(r);
                     stats.removed_by_key += 1;
                 }

@@ -160,6 +160,9 @@ impl Arena {
 pub struct FileTable {
     paths: Vec<Arc<str>>,
     ids: hashbrown::HashMap<Arc<str>, u32>,
+    /// Files another writer removed from the target (a compaction, say):
+    /// positions in them no longer locate their rows.
+    gone: Vec<bool>,
 }
 
 impl FileTable {
@@ -170,12 +173,30 @@ impl FileTable {
         let id = self.paths.len() as u32;
         let p: Arc<str> = Arc::from(path);
         self.paths.push(p.clone());
+        self.gone.push(false);
         self.ids.insert(p, id);
         id
     }
 
     pub fn path(&self, id: u32) -> &str {
         &self.paths[id as usize]
+    }
+
+    /// False once `mark_gone` said the file is no longer in the target.
+    pub fn is_live(&self, id: u32) -> bool {
+        !self.gone[id as usize]
+    }
+
+    /// Marks every file for which `live` is false as gone; returns how many.
+    pub fn mark_gone(&mut self, live: impl Fn(&str) -> bool) -> usize {
+        let mut n = 0;
+        for (i, p) in self.paths.iter().enumerate() {
+            if !self.gone[i] && !live(p) {
+                self.gone[i] = true;
+                n += 1;
+            }
+        }
+        n
     }
 
     pub fn len(&self) -> usize {

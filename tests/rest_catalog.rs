@@ -10,31 +10,11 @@ use std::sync::Arc;
 
 use autocdc::catalog::Catalog;
 use autocdc::catalog::rest::RestCatalog;
-use autocdc::flow::{FlowConfig, RestConfig};
+use autocdc::flow::RestConfig;
 use common::*;
-
-fn rest_config() -> RestConfig {
-    let mut cfg: RestConfig = toml::from_str(&format!(
-        "uri = \"{}\"\nwarehouse = \"{}\"\ncredential = \"{}:{}\"",
-        backend_env("AUTOCDC_TEST_REST_URI"),
-        backend_env("AUTOCDC_TEST_REST_WAREHOUSE"),
-        backend_env("AUTOCDC_TEST_S3_ACCESS_KEY_ID"),
-        backend_env("AUTOCDC_TEST_S3_SECRET_ACCESS_KEY"),
-    ))
-    .unwrap();
-    cfg.s3 = Some(s3_config());
-    cfg
-}
 
 fn rest(cfg: &RestConfig) -> Arc<dyn Catalog> {
     Arc::new(RestCatalog::new(cfg).unwrap())
-}
-
-/// The customers flow on a table of its own (SeaweedFS namespaces are flat).
-fn flow_in(ns: &str) -> autocdc::flow::Flow {
-    let mut cfg: FlowConfig = customers_config();
-    cfg.target = format!("{ns}.customers");
-    autocdc::flow::Flow::new(cfg).unwrap()
 }
 
 #[test]

@@ -476,3 +476,25 @@ pub fn cut_batches(flow: &Flow, evs: &[Ev], cuts: &[bool]) -> Vec<RecordBatch> {
     }
     batches.iter().map(|b| batch(flow, b)).collect()
 }
+
+/// The REST catalog `integration/backends.sh up weed` started, with OAuth2
+/// client credentials and its S3 store for the table files.
+pub fn rest_config() -> autocdc::flow::RestConfig {
+    let mut cfg: autocdc::flow::RestConfig = toml::from_str(&format!(
+        "uri = \"{}\"\nwarehouse = \"{}\"\ncredential = \"{}:{}\"",
+        backend_env("AUTOCDC_TEST_REST_URI"),
+        backend_env("AUTOCDC_TEST_REST_WAREHOUSE"),
+        backend_env("AUTOCDC_TEST_S3_ACCESS_KEY_ID"),
+        backend_env("AUTOCDC_TEST_S3_SECRET_ACCESS_KEY"),
+    ))
+    .unwrap();
+    cfg.s3 = Some(s3_config());
+    cfg
+}
+
+/// The customers flow with its target in namespace `ns`.
+pub fn flow_in(ns: &str) -> Flow {
+    let mut cfg = customers_config();
+    cfg.target = format!("{ns}.customers");
+    Flow::new(cfg).unwrap()
+}
