@@ -507,3 +507,141 @@ impl Catalog for RestCatalog {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use axum::Router;
+    use axum::extract::State;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::routing::{get, post};
+
+    use super::*;
+
+    /// A token endpoint handing out short-lived tokens `t1`, `t2`, ..., and
+    /// catalog endpoints that record the token each call carried.
+    #[derive(Default)]
+    struct Server {
+        issued: AtomicUsize,
+        expires_in: u64,
+        seen: Mutex<Vec<String>>,
+        /// Answer the next catalog call with 401 (a token revoked early).
+        reject_next: Mutex<bool>,
+    }
+
+    async fn token(State(s): State<Arc<Server>>) -> axum::Json<serde_json::Value> {
+        let n = s.issued.fetch_add(1, Ordering::SeqCst) + 1;
+        axum::Json(
+            json!({"access_token": format!("t{n}"), "token_type": "bearer", "expires_in": s.expires_in}),
+        )
+    }
+
+    fn seen(s: &Server, h: &HeaderMap) -> Option<StatusCode> {
+        let auth = h
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        s.seen.lock().unwrap().push(auth);
+        // `headers` from the config go with every call.
+        if h.get("x-test").and_then(|v| v.to_str().ok()) != Some("1") {
+            return Some(StatusCode::BAD_REQUEST);
+        }
+        let mut reject = s.reject_next.lock().unwrap();
+        if *reject {
+            *reject = false;
+            return Some(StatusCode::UNAUTHORIZED);
+        }
+        None
+    }
+
+    async fn config(State(s): State<Arc<Server>>, h: HeaderMap) -> (StatusCode, String) {
+        match seen(&s, &h) {
+            Some(st) => (st, String::new()),
+            None => (
+                StatusCode::OK,
+                json!({"defaults": {}, "overrides": {"prefix": "p"}}).to_string(),
+            ),
+        }
+    }
+
+    async fn namespaces(State(s): State<Arc<Server>>, h: HeaderMap) -> (StatusCode, String) {
+        match seen(&s, &h) {
+            Some(st) => (st, String::new()),
+            None => (StatusCode::OK, json!({"namespaces": []}).to_string()),
+        }
+    }
+
+    async fn no_table(State(s): State<Arc<Server>>, h: HeaderMap) -> (StatusCode, String) {
+        match seen(&s, &h) {
+            Some(st) => (st, String::new()),
+            None => (StatusCode::NOT_FOUND, json!({"error": {"message": "no table", "type": "NoSuchTableException", "code": 404}}).to_string()),
+        }
+    }
+
+    async fn serve(expires_in: u64) -> (Arc<Server>, String) {
+        let s = Arc::new(Server {
+            expires_in,
+            ..Default::default()
+        });
+        let app = Router::new()
+            .route("/v1/oauth/tokens", post(token))
+            .route("/v1/config", get(config))
+            .route("/v1/p/namespaces", get(namespaces))
+            .route("/v1/p/namespaces/{ns}/tables/{t}", get(no_table))
+            .with_state(s.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (s, format!("http://{addr}"))
+    }
+
+    fn catalog(uri: &str) -> RestCatalog {
+        let cfg: RestConfig = toml::from_str(&format!(
+            "uri = \"{uri}\"\ncredential = \"id:secret\"\nheaders = {{ \"X-Test\" = \"1\" }}"
+        ))
+        .unwrap();
+        RestCatalog::new(&cfg).unwrap()
+    }
+
+    fn ident() -> TableIdent {
+        TableIdent::from_strs(["ns", "t"]).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_token_is_reused_until_shortly_before_it_expires() {
+        let (s, uri) = serve(3600).await;
+        let c = catalog(&uri);
+        for _ in 0..3 {
+            assert!(c.load_table(&ident()).await.unwrap().is_none());
+        }
+        assert_eq!(s.issued.load(Ordering::SeqCst), 1);
+        assert!(s.seen.lock().unwrap().iter().all(|a| a == "Bearer t1"));
+    }
+
+    #[tokio::test]
+    async fn a_short_lived_token_is_refreshed_before_it_expires() {
+        // A 1 s token is refreshed at half its life.
+        let (s, uri) = serve(1).await;
+        let c = catalog(&uri);
+        c.load_table(&ident()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        c.load_table(&ident()).await.unwrap();
+        assert_eq!(s.issued.load(Ordering::SeqCst), 2);
+        assert_eq!(s.seen.lock().unwrap().last().unwrap(), "Bearer t2");
+    }
+
+    #[tokio::test]
+    async fn a_401_refreshes_the_token_once_and_retries() {
+        let (s, uri) = serve(3600).await;
+        let c = catalog(&uri);
+        c.load_table(&ident()).await.unwrap();
+        *s.reject_next.lock().unwrap() = true;
+        assert!(c.load_table(&ident()).await.unwrap().is_none());
+        assert_eq!(s.issued.load(Ordering::SeqCst), 2);
+        let seen = s.seen.lock().unwrap().clone();
+        assert_eq!(&seen[seen.len() - 2..], ["Bearer t1", "Bearer t2"]);
+    }
+}
