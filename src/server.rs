@@ -256,6 +256,9 @@ pub struct ChangesResponse {
     pub accepted: usize,
     /// The batch's offset in the flow's log (the same for a retried Idempotency-Key).
     pub offset: i64,
+    /// True when the Idempotency-Key was seen before: this answer repeats the
+    /// first one and nothing new was logged.
+    pub duplicate: bool,
     /// With `?wait=commit`: the snapshot that contains the batch.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<i64>)]
@@ -400,6 +403,7 @@ async fn post_changes(
             Json(ChangesResponse {
                 accepted: accepted.accepted,
                 offset: accepted.offset,
+                duplicate: accepted.duplicate,
                 snapshot_id: Some(snapshot_id),
             }),
         )
@@ -410,6 +414,7 @@ async fn post_changes(
         Json(ChangesResponse {
             accepted: accepted.accepted,
             offset: accepted.offset,
+            duplicate: accepted.duplicate,
             snapshot_id: None,
         }),
     )

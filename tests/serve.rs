@@ -433,10 +433,15 @@ fn a_retried_idempotency_key_is_acknowledged_again_and_applied_once() {
         )
         .await;
         assert_eq!((s, &first["offset"]), (202, &again["offset"]));
+        assert_eq!(
+            (&first["duplicate"], &again["duplicate"]),
+            (&Value::Bool(false), &Value::Bool(true))
+        );
         commit(&c, &r, "c").await;
         // Also after the commit, within the window.
         let (_, later) = post(&c, &changes, "application/x-ndjson", body, Some("req-1")).await;
         assert_eq!(later["offset"], first["offset"]);
+        assert_eq!(later["duplicate"], true);
         assert_eq!(commit(&c, &r, "c").await["snapshot_id"], Value::Null);
         let st = flow_status(&c, &r, "c").await;
         assert_eq!(st["status"]["counters"]["rows_in"], 6, "{st}");
