@@ -19,42 +19,8 @@ fn rest(cfg: &RestConfig) -> Arc<dyn Catalog> {
 
 #[test]
 fn random_batchings_through_the_rest_catalog_match_the_oracle() {
-    use proptest::prelude::*;
-    use proptest::test_runner::{Config, TestRunner};
-    let rt = rt();
-    let mut runner = TestRunner::new(Config {
-        cases: 4,
-        ..Config::default()
-    });
-    let strategy = (
-        prop::collection::vec((0i64..4, any::<bool>(), 0usize..3, 0i64..5), 1..16),
-        prop::collection::vec(any::<bool>(), 16),
-        prop::collection::vec(any::<bool>(), 16),
-    );
-    runner
-        .run(&strategy, |(changes, cuts, restarts)| {
-            let cities = ["Leeds", "York", "Bath"];
-            let flow = flow_in(&unique("prop"));
-            let evs: Vec<Ev> = changes
-                .iter()
-                .map(|&(k, del, c, s)| if del { d(k, s) } else { u(k, cities[c], s) })
-                .collect();
-            let arrow = cut_batches(&flow, &evs, &cuts);
-            let got = rt.block_on(async {
-                let mut engine = open_engine(&rest(&rest_config()), &flow).await;
-                for (i, b) in arrow.iter().enumerate() {
-                    engine.apply(b, i as i64).await.unwrap();
-                    if restarts[i] {
-                        // A fresh process: a new client and a new token.
-                        engine = open_engine(&rest(&rest_config()), &flow).await;
-                    }
-                }
-                table_rows(&engine).await
-            });
-            prop_assert_eq!(got, oracle(&flow, &arrow));
-            Ok(())
-        })
-        .unwrap();
+    // Each case a table of its own; each restart a new client and a new token.
+    random_batchings_match_the_oracle(4, || (flow_in(&unique("prop")), || rest(&rest_config())));
 }
 
 #[test]

@@ -21,43 +21,10 @@ fn hadoop_s3(warehouse: &str, s3: &S3Config) -> Arc<dyn Catalog> {
 
 #[test]
 fn random_batchings_into_a_hadoop_table_on_s3_match_the_oracle() {
-    use proptest::prelude::*;
-    use proptest::test_runner::{Config, TestRunner};
-    let rt = rt();
-    let mut runner = TestRunner::new(Config {
-        cases: 6,
-        ..Config::default()
+    random_batchings_match_the_oracle(6, || {
+        let warehouse = s3_warehouse("prop");
+        (customers(), move || hadoop_s3(&warehouse, &s3_config()))
     });
-    let strategy = (
-        prop::collection::vec((0i64..4, any::<bool>(), 0usize..3, 0i64..5), 1..16),
-        prop::collection::vec(any::<bool>(), 16),
-        prop::collection::vec(any::<bool>(), 16),
-    );
-    runner
-        .run(&strategy, |(changes, cuts, restarts)| {
-            let cities = ["Leeds", "York", "Bath"];
-            let flow = customers();
-            let evs: Vec<Ev> = changes
-                .iter()
-                .map(|&(k, del, c, s)| if del { d(k, s) } else { u(k, cities[c], s) })
-                .collect();
-            let arrow = cut_batches(&flow, &evs, &cuts);
-            let warehouse = s3_warehouse("prop");
-            let got = rt.block_on(async {
-                let mut engine = open_engine(&hadoop_s3(&warehouse, &s3_config()), &flow).await;
-                for (i, b) in arrow.iter().enumerate() {
-                    engine.apply(b, i as i64).await.unwrap();
-                    if restarts[i] {
-                        // A fresh process: new clients, nothing but the bucket shared.
-                        engine = open_engine(&hadoop_s3(&warehouse, &s3_config()), &flow).await;
-                    }
-                }
-                table_rows(&engine).await
-            });
-            prop_assert_eq!(got, oracle(&flow, &arrow));
-            Ok(())
-        })
-        .unwrap();
 }
 
 #[test]

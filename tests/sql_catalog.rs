@@ -5,29 +5,16 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
 use autocdc::catalog::Catalog;
 use autocdc::catalog::sql::SqlCatalog;
 use autocdc::engine::Engine;
 use autocdc::fault::Faults;
-use autocdc::flow::Flow;
 use common::*;
 
 fn postgres_url() -> String {
-    std::env::var("AUTOCDC_TEST_POSTGRES_URL").expect(
-        "AUTOCDC_TEST_POSTGRES_URL is not set: run `eval \"$(integration/backends.sh up pg)\"` first (scripts/test does)",
-    )
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+    backend_env("AUTOCDC_TEST_POSTGRES_URL")
 }
 
 fn catalog(name: &str, dir: &std::path::Path) -> Arc<dyn Catalog> {
@@ -43,74 +30,14 @@ fn catalog(name: &str, dir: &std::path::Path) -> Arc<dyn Catalog> {
     )
 }
 
-async fn open(cat: &Arc<dyn Catalog>, flow: &Flow) -> Engine {
-    Engine::open(flow.clone(), cat.clone(), Arc::new(Faults::default()))
-        .await
-        .unwrap()
-}
-
-async fn table_rows(engine: &Engine) -> BTreeSet<Vec<String>> {
-    let mut out = BTreeSet::new();
-    for b in engine.scan_target().await.unwrap() {
-        for r in render_all(&b) {
-            assert!(out.insert(r.clone()), "row {r:?} read twice");
-        }
-    }
-    out
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
-}
-
 #[test]
 fn random_batchings_through_the_sql_catalog_match_the_oracle() {
-    use proptest::prelude::*;
-    use proptest::test_runner::{Config, TestRunner};
-    let rt = rt();
-    let mut runner = TestRunner::new(Config {
-        cases: 8,
-        ..Config::default()
+    // Each case its own catalog name; each restart a new connection pool.
+    random_batchings_match_the_oracle(8, || {
+        let tmp = tempfile::tempdir().unwrap();
+        let name = unique("prop");
+        (customers(), move || catalog(&name, tmp.path()))
     });
-    let strategy = (
-        prop::collection::vec((0i64..4, any::<bool>(), 0usize..3, 0i64..5), 1..20),
-        prop::collection::vec(any::<bool>(), 20),
-        prop::collection::vec(any::<bool>(), 20),
-    );
-    runner
-        .run(&strategy, |(changes, cuts, restarts)| {
-            let cities = ["Leeds", "York", "Bath"];
-            let flow = customers();
-            let evs: Vec<Ev> = changes
-                .iter()
-                .map(|&(k, del, c, s)| if del { d(k, s) } else { u(k, cities[c], s) })
-                .collect();
-            let mut batches: Vec<Vec<Ev>> = vec![Vec::new()];
-            for (i, e) in evs.iter().enumerate() {
-                batches.last_mut().unwrap().push(*e);
-                if cuts[i] && i + 1 < evs.len() {
-                    batches.push(Vec::new());
-                }
-            }
-            let arrow: Vec<RecordBatch> = batches.iter().map(|b| batch(&flow, b)).collect();
-            let tmp = tempfile::tempdir().unwrap();
-            let name = unique("prop");
-            let got = rt.block_on(async {
-                let cat = catalog(&name, tmp.path());
-                let mut engine = open(&cat, &flow).await;
-                for (i, b) in arrow.iter().enumerate() {
-                    engine.apply(b, i as i64).await.unwrap();
-                    if restarts[i] {
-                        // A fresh process: a new connection pool, same database.
-                        engine = open(&catalog(&name, tmp.path()), &flow).await;
-                    }
-                }
-                table_rows(&engine).await
-            });
-            prop_assert_eq!(got, oracle(&flow, &arrow));
-            Ok(())
-        })
-        .unwrap();
 }
 
 #[test]
@@ -120,7 +47,7 @@ fn the_catalog_row_follows_commits_and_a_stale_base_loses() {
         let name = unique("cas");
         let cat = catalog(&name, tmp.path());
         let flow = customers();
-        let mut engine = open(&cat, &flow).await;
+        let mut engine = open_engine(&cat, &flow).await;
         let before = engine.target().clone();
         engine
             .apply(&batch(&flow, &[u(1, "Leeds", 1)]), 1)
@@ -156,7 +83,7 @@ fn the_catalog_row_follows_commits_and_a_stale_base_loses() {
         let now = cat.load_table(&flow.target).await.unwrap().unwrap();
         assert_eq!(now.metadata_location, after.metadata_location);
         // Reopened on a new pool, the engine continues from the committed state.
-        let mut engine = open(&catalog(&name, tmp.path()), &flow).await;
+        let mut engine = open_engine(&catalog(&name, tmp.path()), &flow).await;
         engine
             .apply(&batch(&flow, &[u(1, "York", 2), u(2, "Bath", 1)]), 2)
             .await

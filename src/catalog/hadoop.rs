@@ -174,16 +174,9 @@ impl Catalog for HadoopCatalog {
             return Ok(None);
         };
         let file = Self::metadata_file(&location, v);
-        let bytes = self.storage.get(&file).await?.ok_or_else(|| Error::State {
-            code: "AUTOCDC_INVALID_STATE.METADATA_MISSING",
-            message: format!("{file} vanished while loading table {ident}"),
-        })?;
-        let metadata: TableMetadata = serde_json::from_slice(&bytes)?;
-        Ok(Some(TableState {
-            ident: ident.clone(),
-            metadata: Arc::new(metadata),
-            metadata_location: file,
-        }))
+        super::read_metadata(&self.storage, ident, file)
+            .await
+            .map(Some)
     }
 
     async fn create_table(

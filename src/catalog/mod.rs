@@ -131,6 +131,24 @@ pub(crate) fn apply_updates(
     Ok(builder.build()?.metadata)
 }
 
+/// The version of `ident` whose metadata file is `file` (the one the catalog names).
+pub(crate) async fn read_metadata(
+    storage: &crate::storage::Storage,
+    ident: &TableIdent,
+    file: String,
+) -> Result<TableState> {
+    let bytes = storage.get(&file).await?.ok_or_else(|| Error::State {
+        code: "AUTOCDC_INVALID_STATE.METADATA_MISSING",
+        message: format!("table {ident}: the catalog names {file}, which does not exist"),
+    })?;
+    let metadata: TableMetadata = serde_json::from_slice(&bytes)?;
+    Ok(TableState {
+        ident: ident.clone(),
+        metadata: Arc::new(metadata),
+        metadata_location: file,
+    })
+}
+
 /// Opens the catalog a configuration names.
 pub fn open(config: &CatalogConfig, faults: Arc<crate::fault::Faults>) -> Result<Arc<dyn Catalog>> {
     match config {

@@ -165,16 +165,9 @@ impl Catalog for SqlCatalog {
         let Some((Some(file),)) = row else {
             return Ok(None);
         };
-        let bytes = self.storage.get(&file).await?.ok_or_else(|| Error::State {
-            code: "AUTOCDC_INVALID_STATE.METADATA_MISSING",
-            message: format!("table {ident}: the catalog names {file}, which does not exist"),
-        })?;
-        let metadata: TableMetadata = serde_json::from_slice(&bytes)?;
-        Ok(Some(TableState {
-            ident: ident.clone(),
-            metadata: Arc::new(metadata),
-            metadata_location: file,
-        }))
+        super::read_metadata(&self.storage, ident, file)
+            .await
+            .map(Some)
     }
 
     async fn create_table(

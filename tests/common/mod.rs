@@ -498,3 +498,48 @@ pub fn flow_in(ns: &str) -> Flow {
     cfg.target = format!("{ns}.customers");
     Flow::new(cfg).unwrap()
 }
+
+/// The property test through a real catalog: random changes, split into
+/// random batches, applied with random restarts (each a fresh catalog client
+/// from `open_catalog`, as a new process would make), must give the oracle.
+/// `case` makes each case's flow and its catalog opener.
+pub fn random_batchings_match_the_oracle<C>(cases: u32, case: impl Fn() -> (Flow, C))
+where
+    C: Fn() -> Arc<dyn autocdc::catalog::Catalog>,
+{
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let rt = rt();
+    let mut runner = TestRunner::new(Config {
+        cases,
+        ..Config::default()
+    });
+    let strategy = (
+        prop::collection::vec((0i64..4, any::<bool>(), 0usize..3, 0i64..5), 1..16),
+        prop::collection::vec(any::<bool>(), 16),
+        prop::collection::vec(any::<bool>(), 16),
+    );
+    runner
+        .run(&strategy, |(changes, cuts, restarts)| {
+            let cities = ["Leeds", "York", "Bath"];
+            let (flow, open_catalog) = case();
+            let evs: Vec<Ev> = changes
+                .iter()
+                .map(|&(k, del, c, s)| if del { d(k, s) } else { u(k, cities[c], s) })
+                .collect();
+            let arrow = cut_batches(&flow, &evs, &cuts);
+            let got = rt.block_on(async {
+                let mut engine = open_engine(&open_catalog(), &flow).await;
+                for (i, b) in arrow.iter().enumerate() {
+                    engine.apply(b, i as i64).await.unwrap();
+                    if restarts[i] {
+                        engine = open_engine(&open_catalog(), &flow).await;
+                    }
+                }
+                table_rows(&engine).await
+            });
+            prop_assert_eq!(got, oracle(&flow, &arrow));
+            Ok(())
+        })
+        .unwrap();
+}
