@@ -27,9 +27,11 @@ use serde::Serialize;
 use crate::catalog::{Catalog, TableState};
 use crate::error::{Error, Result, codes};
 use crate::fault::{FaultPoint, Faults};
-use crate::flow::Flow;
+use crate::flow::{Flow, START_AT};
+use crate::history::{self, HistCodec, History};
 use crate::resolve::{self, BatchStats, Codec, Resolution};
 use crate::snapshot::{self, RowDelta};
+use crate::state::FileTable;
 use crate::state::{KeyIndex, Loc};
 use crate::state_table;
 use crate::write::{self, FileNamer, Partitioner};
@@ -112,6 +114,30 @@ fn ms_since(t: &mut std::time::Instant) -> f64 {
     ms
 }
 
+/// One batch resolved, by the resolver the flow uses.
+enum Planned {
+    /// SCD Type 1: the winning change per key.
+    Keys(Resolution),
+    /// History flows: events per key, folded into target rows.
+    History(history::Plan),
+}
+
+impl Planned {
+    fn stats(&self) -> BatchStats {
+        match self {
+            Planned::Keys(r) => r.stats,
+            Planned::History(p) => p.stats,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Planned::Keys(r) => r.changes.is_empty(),
+            Planned::History(p) => p.changes.is_empty(),
+        }
+    }
+}
+
 /// The key state as a user sees it (`autocdc state`).
 #[derive(Debug, Clone, Serialize)]
 pub struct StateSummary {
@@ -135,6 +161,10 @@ pub struct Engine {
     state_tbl: TableState,
     state_snapshot: Option<i64>,
     state: KeyIndex,
+    /// Flows that keep history (SCD Type 2, ignore_null_updates): their
+    /// value encoders and per-key events; `state` stays empty for them.
+    hc: Option<HistCodec>,
+    hist: History,
     /// Every live row of the target is in the state (so no equality deletes are needed).
     state_complete: bool,
     generation: i64,
@@ -215,7 +245,12 @@ fn check_schema(flow: &Flow, meta: &TableMetadata) -> Result<()> {
         .filter_map(|id| table.field_by_id(id).map(|f| f.name.clone()))
         .collect();
     keys.sort();
-    let mut want: Vec<String> = flow.config.keys.clone();
+    // SCD Type 2 targets declare no identifier fields (a key has many versions).
+    let mut want: Vec<String> = flow
+        .target_schema
+        .identifier_field_ids()
+        .filter_map(|id| flow.target_schema.field_by_id(id).map(|f| f.name.clone()))
+        .collect();
     want.sort();
     if keys != want {
         return Err(Error::State {
@@ -307,6 +342,12 @@ impl Engine {
             .and_then(|m| num(m, PROP_INPUT_OFFSET))
             .unwrap_or(0);
         let mut state = KeyIndex::new();
+        let hc = if flow.keeps_history() {
+            Some(HistCodec::new(&flow)?)
+        } else {
+            None
+        };
+        let mut hist = History::default();
         let mut state_log_rows = 0;
         if let Some(sid) = state_snapshot {
             if state_tbl.metadata.snapshot_by_id(sid).is_none() {
@@ -328,7 +369,12 @@ impl Engine {
                 .await?
                 .try_collect()
                 .await?;
-            state_log_rows = state_table::load(&flow, &codec, &mut state, &batches)? as u64;
+            state_log_rows = match &hc {
+                Some(hc) => {
+                    state_table::load_history(&flow, &codec, hc, &mut hist, &batches)? as u64
+                }
+                None => state_table::load(&flow, &codec, &mut state, &batches)? as u64,
+            };
         }
         let partitioner = Partitioner::new(
             target.metadata.default_partition_spec().clone(),
@@ -360,6 +406,8 @@ impl Engine {
             state_tbl,
             state_snapshot,
             state,
+            hc,
+            hist,
             generation,
             input_offset,
             state_log_rows,
@@ -372,7 +420,8 @@ impl Engine {
             // files no longer live are removed by key (equality delete).
             engine.load_file_partitions().await?;
             let live = engine.file_partitions.as_ref().expect("loaded");
-            engine.gone_files = engine.state.files.mark_gone(|p| live.contains_key(p));
+            engine.gone_files = engine.state.files.mark_gone(|p| live.contains_key(p))
+                + engine.hist.files.mark_gone(|p| live.contains_key(p));
         }
         Ok(engine)
     }
@@ -385,7 +434,43 @@ impl Engine {
         &self.target
     }
 
+    pub fn history(&self) -> &History {
+        &self.hist
+    }
+
+    /// The interned data files of whichever state this flow keeps.
+    fn files_mut(&mut self) -> &mut FileTable {
+        if self.hc.is_some() {
+            &mut self.hist.files
+        } else {
+            &mut self.state.files
+        }
+    }
+
+    fn files(&self) -> &FileTable {
+        if self.hc.is_some() {
+            &self.hist.files
+        } else {
+            &self.state.files
+        }
+    }
+
     pub fn summary(&self) -> StateSummary {
+        if self.hc.is_some() {
+            let keys = self.hist.len();
+            let live = self.hist.live();
+            return StateSummary {
+                keys,
+                live,
+                tombstones: keys - live,
+                bytes: 0,
+                bytes_per_key: 0.0,
+                state_snapshot_id: self.state_snapshot,
+                generation: self.generation,
+                input_offset: self.input_offset,
+                complete: self.state_complete,
+            };
+        }
         StateSummary {
             keys: self.state.len(),
             live: self.state.live(),
@@ -479,20 +564,31 @@ impl Engine {
             }));
         }
         let mut clock = std::time::Instant::now();
-        let res = resolve::resolve(
-            &self.flow,
-            &self.codec,
-            batch,
-            &self.state,
-            self.state_complete,
-        )?;
+        let planned = match &self.hc {
+            Some(hc) => Planned::History(history::resolve(
+                &self.flow,
+                &self.codec,
+                hc,
+                batch,
+                &self.hist,
+                self.state_complete,
+                now_ms,
+            )?),
+            None => Planned::Keys(resolve::resolve(
+                &self.flow,
+                &self.codec,
+                batch,
+                &self.state,
+                self.state_complete,
+            )?),
+        };
         let mut report = CommitReport {
-            stats: res.stats,
+            stats: planned.stats(),
             input_offset: self.input_offset,
             ..Default::default()
         };
         report.timings.resolve_ms = ms_since(&mut clock);
-        if res.changes.is_empty() {
+        if planned.is_empty() {
             return Ok(report);
         }
         self.poisoned = true;
@@ -503,7 +599,28 @@ impl Engine {
         let mut namer = FileNamer::new(meta.location());
 
         // 1. Target files: new rows, then deletes of the rows they replace.
-        let rows = self.project(batch, &res.inserts)?;
+        let target_arrow = Arc::new(schema_to_arrow_schema(&schema)?);
+        let (rows, removed_positions, removed_rows) = match &planned {
+            Planned::Keys(res) => (
+                self.project(batch, &res.inserts)?,
+                res.remove_positions.clone(),
+                self.project(batch, &res.remove_keys)?,
+            ),
+            Planned::History(p) => {
+                let hc = self.hc.as_ref().expect("history flow");
+                (
+                    history::rows_batch(&self.flow, &self.codec, hc, &target_arrow, &p.inserts)?,
+                    p.remove_positions.clone(),
+                    history::rows_batch(
+                        &self.flow,
+                        &self.codec,
+                        hc,
+                        &target_arrow,
+                        &p.remove_rows,
+                    )?,
+                )
+            }
+        };
         let written = write::data_files(
             &file_io,
             &mut namer,
@@ -517,7 +634,7 @@ impl Engine {
         let data = written.files;
         let ids: Vec<u32> = data
             .iter()
-            .map(|f| self.state.files.intern(f.file_path()))
+            .map(|f| self.files_mut().intern(f.file_path()))
             .collect();
         let locs: Vec<Loc> = written
             .locs
@@ -529,10 +646,12 @@ impl Engine {
             .collect();
         debug_assert_eq!(
             locs.len(),
-            res.inserts.len(),
+            rows.num_rows(),
             "every inserted row has a position"
         );
-        let deletes = self.delete_files(&file_io, &mut namer, batch, &res).await?;
+        let deletes = self
+            .delete_files(&file_io, &mut namer, &removed_positions, &removed_rows)
+            .await?;
         let new_partitions: Vec<(String, (i32, Struct))> = data
             .iter()
             .map(|f| (f.file_path().to_string(), (spec_id, f.partition().clone())))
@@ -541,28 +660,64 @@ impl Engine {
         report.timings.target_files_ms = ms_since(&mut clock);
 
         // 2. The new state, and its delta in the state table.
-        resolve::apply(&mut self.state, &res, &locs, now_ms);
         let cutoff = now_ms.saturating_sub(self.flow.tombstone_gc.as_millis() as i64);
-        report.tombstones_collected = self.state.gc_tombstones(cutoff);
         let generation = self.generation + 1;
-        let compact = self.state_log_rows + self.state.dirty_len() as u64
-            > (STATE_COMPACTION_RATIO * self.state.len() as u64).max(STATE_COMPACTION_MIN_ROWS);
-        let delta = if compact {
-            state_table::to_batch(
-                &self.flow,
-                &self.codec,
-                &self.state,
-                self.state.iter(),
-                generation,
-            )?
-        } else {
-            state_table::to_batch(
-                &self.flow,
-                &self.codec,
-                &self.state,
-                self.state.dirty(),
-                generation,
-            )?
+        let (compact, delta) = match planned {
+            Planned::Keys(res) => {
+                resolve::apply(&mut self.state, &res, &locs, now_ms);
+                report.tombstones_collected = self.state.gc_tombstones(cutoff);
+                let compact = self.state_log_rows + self.state.dirty_len() as u64
+                    > (STATE_COMPACTION_RATIO * self.state.len() as u64)
+                        .max(STATE_COMPACTION_MIN_ROWS);
+                let delta = if compact {
+                    state_table::to_batch(
+                        &self.flow,
+                        &self.codec,
+                        &self.state,
+                        self.state.iter(),
+                        generation,
+                    )?
+                } else {
+                    state_table::to_batch(
+                        &self.flow,
+                        &self.codec,
+                        &self.state,
+                        self.state.dirty(),
+                        generation,
+                    )?
+                };
+                (compact, delta)
+            }
+            Planned::History(plan) => {
+                history::apply(&mut self.hist, plan, &locs);
+                if !self.flow.scd2 {
+                    report.tombstones_collected = self.hist.gc_tombstones(cutoff);
+                }
+                let hc = self.hc.as_ref().expect("history flow");
+                let compact = self.state_log_rows + self.hist.dirty_len() as u64
+                    > (STATE_COMPACTION_RATIO * self.hist.events() as u64)
+                        .max(STATE_COMPACTION_MIN_ROWS);
+                let delta = if compact {
+                    state_table::history_to_batch(
+                        &self.flow,
+                        &self.codec,
+                        hc,
+                        &self.hist,
+                        self.hist.iter(),
+                        generation,
+                    )?
+                } else {
+                    state_table::history_to_batch(
+                        &self.flow,
+                        &self.codec,
+                        hc,
+                        &self.hist,
+                        self.hist.dirty(),
+                        generation,
+                    )?
+                };
+                (compact, delta)
+            }
         };
         report.timings.state_apply_ms = ms_since(&mut clock);
         let smeta = self.state_tbl.metadata.clone();
@@ -656,6 +811,7 @@ impl Engine {
             self.state_log_rows + delta.num_rows() as u64
         };
         self.state.clear_dirty();
+        self.hist.clear_dirty();
         self.state_tbl = state_tbl;
         self.target = target;
         self.state_snapshot = Some(state_snapshot);
@@ -679,50 +835,45 @@ impl Engine {
         &mut self,
         file_io: &FileIO,
         namer: &mut FileNamer,
-        batch: &RecordBatch,
-        res: &Resolution,
+        remove_positions: &[Loc],
+        remove_rows: &RecordBatch,
     ) -> Result<Vec<DataFile>> {
         if self.partitioner.is_some()
-            && (!res.remove_positions.is_empty()
-                || (!res.remove_keys.is_empty() && !self.partitioned_by_keys))
+            && (!remove_positions.is_empty()
+                || (remove_rows.num_rows() > 0 && !self.partitioned_by_keys))
         {
             self.load_file_partitions().await?;
         }
         let meta = self.target.metadata.clone();
         let schema = meta.current_schema();
         let spec_id = meta.default_partition_spec_id();
-        let key_names: Vec<&str> = self
-            .flow
-            .key_idx
+        let eq_names = if remove_rows.num_rows() == 0 {
+            Vec::new()
+        } else {
+            self.equality_columns(schema)?
+        };
+        let key_names: Vec<&str> = eq_names.iter().map(String::as_str).collect();
+        let key_cols: Vec<ArrayRef> = key_names
             .iter()
-            .map(|&i| self.flow.column_name(i))
+            .map(|n| {
+                remove_rows
+                    .column_by_name(n)
+                    .cloned()
+                    .expect("removed rows are in the target schema")
+            })
             .collect();
-        let key_cols: Vec<ArrayRef> = self
-            .flow
-            .key_idx
-            .iter()
-            .map(|&i| batch.column(i).clone())
-            .collect();
+        let all_rows: Vec<u32> = (0..remove_rows.num_rows() as u32).collect();
         let mut out = Vec::new();
         let Some(partitioner) = self.partitioner.clone() else {
-            let pos: Vec<(&str, u32)> = res
-                .remove_positions
+            let pos: Vec<(&str, u32)> = remove_positions
                 .iter()
-                .map(|l| (self.state.files.path(l.file), l.pos))
+                .map(|l| (self.files().path(l.file), l.pos))
                 .collect();
             let none = Struct::empty();
             out.extend(write::position_delete_file(file_io, namer, spec_id, &none, "", pos).await?);
             out.extend(
                 write::equality_delete_file(
-                    file_io,
-                    namer,
-                    schema,
-                    spec_id,
-                    &none,
-                    "",
-                    &key_names,
-                    &key_cols,
-                    &res.remove_keys,
+                    file_io, namer, schema, spec_id, &none, "", &key_names, &key_cols, &all_rows,
                 )
                 .await?,
             );
@@ -740,8 +891,8 @@ impl Engine {
 
         // Position deletes, grouped by the partition of the file they point into.
         let mut by_part: HashMap<&Struct, Vec<(&str, u32)>> = HashMap::new();
-        for l in &res.remove_positions {
-            let path = self.state.files.path(l.file);
+        for l in remove_positions {
+            let path = self.files().path(l.file);
             let Some((spec, part)) = parts.get(path) else {
                 return Err(Error::State {
                     code: "AUTOCDC_INVALID_STATE.UNKNOWN_FILE",
@@ -765,19 +916,11 @@ impl Engine {
 
         // Equality deletes: in the key's own partition when keys alone decide
         // it; otherwise in every partition that has data files.
-        if res.remove_keys.is_empty() {
+        if remove_rows.num_rows() == 0 {
             return Ok(out);
         }
         let groups: Vec<(Struct, Vec<u32>)> = if self.partitioned_by_keys {
-            let rows = self.project(batch, &res.remove_keys)?;
-            partitioner
-                .group(&rows)?
-                .into_iter()
-                .map(|(p, idx)| {
-                    let rows = idx.iter().map(|&i| res.remove_keys[i as usize]).collect();
-                    (p, rows)
-                })
-                .collect()
+            partitioner.group(remove_rows)?.into_iter().collect()
         } else {
             let mut seen = std::collections::HashSet::new();
             let mut v = Vec::new();
@@ -786,7 +929,7 @@ impl Engine {
                     return Err(foreign_spec(path, *spec));
                 }
                 if seen.insert(part) {
-                    v.push((part.clone(), res.remove_keys.clone()));
+                    v.push((part.clone(), all_rows.clone()));
                 }
             }
             v
@@ -801,6 +944,32 @@ impl Engine {
             );
         }
         Ok(out)
+    }
+
+    /// The columns an equality delete matches on: the keys, and for SCD Type 2
+    /// `__START_AT` (one version of a key).
+    fn equality_columns(&self, schema: &Schema) -> Result<Vec<String>> {
+        let mut names: Vec<String> = self
+            .flow
+            .key_idx
+            .iter()
+            .map(|&i| self.flow.column_name(i).to_string())
+            .collect();
+        if self.flow.scd2 {
+            match schema.field_by_name(START_AT) {
+                Some(f) if f.field_type.is_primitive() => names.push(START_AT.to_string()),
+                _ => {
+                    return Err(Error::State {
+                        code: codes::UNSUPPORTED,
+                        message: format!(
+                            "flow `{}`: a version whose data file another writer rewrote must be removed by equality delete on the keys and {START_AT}, which needs a single sequence_by column; run `autocdc refresh --full {}`",
+                            self.flow.name, self.flow.name
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(names)
     }
 
     /// Reads (spec id, partition) of every live data file from the target's manifests.

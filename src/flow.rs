@@ -11,7 +11,9 @@ use std::time::Duration;
 use arrow_schema::{Field, Schema as ArrowSchema, SchemaRef};
 use iceberg::TableIdent;
 use iceberg::arrow::schema_to_arrow_schema;
-use iceberg::spec::{NestedField, PartitionSpec, PrimitiveType, Schema, Transform, Type};
+use iceberg::spec::{
+    NestedField, PartitionSpec, PrimitiveType, Schema, StructType, Transform, Type,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, codes};
@@ -19,6 +21,9 @@ use crate::predicate::Predicate;
 
 /// Columns autocdc reserves for SCD Type 2 and its own bookkeeping.
 const RESERVED: &[&str] = &["__start_at", "__end_at"];
+/// The SCD Type 2 interval columns.
+pub const START_AT: &str = "__START_AT";
+pub const END_AT: &str = "__END_AT";
 const RESERVED_PREFIX: &str = "__autocdc";
 
 /// The whole configuration file (`autocdc.toml`).
@@ -319,6 +324,20 @@ pub struct FlowConfig {
     pub except_column_list: Option<Vec<String>>,
     #[serde(default = "default_scd_type")]
     pub stored_as_scd_type: u8,
+    /// SCD Type 2: only changes to these columns open a new version ...
+    #[serde(default)]
+    pub track_history_column_list: Option<Vec<String>>,
+    /// ... or to every target column but these (default: every target column
+    /// except the keys and the sequence columns).
+    #[serde(default)]
+    pub track_history_except_column_list: Option<Vec<String>>,
+    /// A null in an upsert keeps the column's current value (partial updates).
+    #[serde(default)]
+    pub ignore_null_updates: bool,
+    /// SCD Type 1: a change for which this is true removes every row with a
+    /// lower sequence (a source table truncate).
+    #[serde(default)]
+    pub apply_as_truncates: Option<String>,
     #[serde(default)]
     pub partition_by: Vec<String>,
     /// How long a tombstone is kept after its delete was committed, e.g. "2d", "36h".
@@ -359,6 +378,12 @@ pub struct Flow {
     pub key_idx: Vec<usize>,
     pub seq_idx: Vec<usize>,
     pub deletes: Option<Predicate>,
+    pub truncates: Option<Predicate>,
+    /// SCD Type 2: the target keeps every version with `__START_AT` / `__END_AT`.
+    pub scd2: bool,
+    /// Source columns whose change opens a new SCD Type 2 version.
+    pub tracked: Vec<usize>,
+    pub ignore_null_updates: bool,
     /// Source column index of each target column, in target order.
     pub target_cols: Vec<usize>,
     /// The target's Iceberg schema (field ids 1..n, keys required and identifier fields).
@@ -485,14 +510,32 @@ impl Flow {
             ));
         }
         let target = parse_table_ident(f, &config.target)?;
-        if config.stored_as_scd_type != 1 {
+        if !matches!(config.stored_as_scd_type, 1 | 2) {
             return Err(Error::definition(
                 f,
-                codes::UNSUPPORTED,
+                codes::INVALID_DEFINITION,
                 format!(
-                    "stored_as_scd_type = {} is not supported yet; use 1 (one current row per key)",
+                    "stored_as_scd_type = {}; use 1 (one current row per key) or 2 (every version, with __START_AT and __END_AT)",
                     config.stored_as_scd_type
                 ),
+            ));
+        }
+        let scd2 = config.stored_as_scd_type == 2;
+        if scd2 && config.apply_as_truncates.is_some() {
+            return Err(Error::definition(
+                f,
+                codes::TRUNCATE_SCD2,
+                "apply_as_truncates is only supported with stored_as_scd_type = 1; an SCD Type 2 target keeps history, which a truncate would have to rewrite",
+            ));
+        }
+        if !scd2
+            && (config.track_history_column_list.is_some()
+                || config.track_history_except_column_list.is_some())
+        {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_DEFINITION,
+                "track_history_column_list / track_history_except_column_list need stored_as_scd_type = 2",
             ));
         }
 
@@ -673,6 +716,33 @@ impl Flow {
                     .unwrap_or(0)
             })
             .collect();
+        // SCD Type 2: every version of a key is a row, so the keys identify
+        // no row; each version carries the sequence interval it covers.
+        let identifier = if scd2 { Vec::new() } else { identifier };
+        if scd2 {
+            let base = target_cols.len() as i32;
+            let mut next = base + 2;
+            let mut seq_type = || -> Type {
+                if seq_idx.len() == 1 {
+                    return Type::Primitive(fields[seq_idx[0]].2.clone());
+                }
+                let subs = seq_idx
+                    .iter()
+                    .map(|&i| {
+                        next += 1;
+                        Arc::new(NestedField::optional(
+                            next,
+                            &fields[i].1,
+                            Type::Primitive(fields[i].2.clone()),
+                        ))
+                    })
+                    .collect::<Vec<_>>();
+                Type::Struct(StructType::new(subs))
+            };
+            let (start, end) = (seq_type(), seq_type());
+            target_fields.push(Arc::new(NestedField::optional(base + 1, START_AT, start)));
+            target_fields.push(Arc::new(NestedField::optional(base + 2, END_AT, end)));
+        }
         let target_schema = Schema::builder()
             .with_schema_id(0)
             .with_fields(target_fields)
@@ -685,6 +755,66 @@ impl Flow {
                 Predicate::parse(sql, &source_arrow).map_err(|e| Error::from_predicate(f, e))?,
             ),
             None => None,
+        };
+        let truncates = match &config.apply_as_truncates {
+            Some(sql) => Some(
+                Predicate::parse(sql, &source_arrow).map_err(|e| Error::from_predicate(f, e))?,
+            ),
+            None => None,
+        };
+        // Tracked columns (SCD Type 2): by default every target column but
+        // the keys and the sequence columns.
+        let value_cols: Vec<usize> = target_cols
+            .iter()
+            .copied()
+            .filter(|c| !key_idx.contains(c))
+            .collect();
+        let tracked: Vec<usize> = match (
+            &config.track_history_column_list,
+            &config.track_history_except_column_list,
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(Error::definition(
+                    f,
+                    codes::INVALID_SELECTION,
+                    "track_history_column_list and track_history_except_column_list are mutually exclusive; keep one",
+                ));
+            }
+            (Some(list), None) => {
+                let mut v = Vec::new();
+                for c in list {
+                    let i = find(c, "track_history_column_list")?;
+                    if !value_cols.contains(&i) || seq_idx.contains(&i) {
+                        return Err(Error::definition(
+                            f,
+                            codes::INVALID_SELECTION,
+                            format!(
+                                "track_history_column_list names `{c}`, which is a key, a sequence_by column or not a target column; list target columns that are none of these"
+                            ),
+                        ));
+                    }
+                    v.push(i);
+                }
+                v.sort_unstable();
+                v.dedup();
+                v
+            }
+            (None, Some(except)) => {
+                let ex = except
+                    .iter()
+                    .map(|c| find(c, "track_history_except_column_list"))
+                    .collect::<Result<HashSet<_>>>()?;
+                value_cols
+                    .iter()
+                    .copied()
+                    .filter(|i| !ex.contains(i) && !seq_idx.contains(i))
+                    .collect()
+            }
+            (None, None) => value_cols
+                .iter()
+                .copied()
+                .filter(|i| !seq_idx.contains(i))
+                .collect(),
         };
         let tombstone_gc = match &config.tombstone_gc_threshold {
             None => Duration::from_secs(2 * 24 * 3600),
@@ -713,6 +843,7 @@ impl Flow {
             max_uncommitted_bytes: config.max_uncommitted_bytes.unwrap_or(1 << 30).max(1),
         };
         Ok(Flow {
+            ignore_null_updates: config.ignore_null_updates,
             commit,
             name: flow.clone(),
             target,
@@ -723,6 +854,9 @@ impl Flow {
             key_idx,
             seq_idx,
             deletes,
+            truncates,
+            scd2,
+            tracked,
             target_cols,
             target_schema,
             partition_spec,
@@ -737,6 +871,21 @@ impl Flow {
     /// Whether source column `i` must not be null.
     pub fn required(&self, i: usize) -> bool {
         self.config.columns[i].required || self.key_idx.contains(&i)
+    }
+
+    /// Whether the flow keeps change history per key (SCD Type 2 or
+    /// ignore_null_updates) rather than only the winning change.
+    pub fn keeps_history(&self) -> bool {
+        self.scd2 || self.ignore_null_updates
+    }
+
+    /// Target columns that are not keys, in target order.
+    pub fn value_cols(&self) -> Vec<usize> {
+        self.target_cols
+            .iter()
+            .copied()
+            .filter(|c| !self.key_idx.contains(c))
+            .collect()
     }
 
     /// The identifier of the aux sequence-state table kept beside the target.
@@ -980,10 +1129,52 @@ mod tests {
     }
 
     #[test]
-    fn scd2_rejected_until_supported() {
+    fn scd_types_other_than_1_and_2_are_rejected() {
+        let mut c = base();
+        c.stored_as_scd_type = 3;
+        assert_eq!(code_of(c), codes::INVALID_DEFINITION);
+    }
+
+    #[test]
+    fn scd2_target_has_the_interval_columns_and_no_identifier() {
         let mut c = base();
         c.stored_as_scd_type = 2;
-        assert_eq!(code_of(c), codes::UNSUPPORTED);
+        let f = Flow::new(c).unwrap();
+        let fields = f.target_schema.as_struct().fields();
+        let names: Vec<_> = fields.iter().map(|f| f.name.clone()).collect();
+        assert_eq!(names, ["id", "city", "seq", START_AT, END_AT]);
+        assert_eq!(fields[3].field_type, fields[2].field_type);
+        assert!(!fields[4].required);
+        assert_eq!(f.target_schema.identifier_field_ids().count(), 0);
+        // Tracked by default: every value column but the sequence.
+        assert_eq!(f.tracked, vec![1]);
+        assert!(f.keeps_history());
+    }
+
+    #[test]
+    fn truncates_are_rejected_on_scd2() {
+        let mut c = base();
+        c.stored_as_scd_type = 2;
+        c.apply_as_truncates = Some("op = 'TRUNCATE'".into());
+        let e = Flow::new(c).unwrap_err();
+        assert_eq!(e.code(), "AUTOCDC_TRUNCATE_SCD2_NOT_SUPPORTED");
+    }
+
+    #[test]
+    fn track_history_needs_scd2_and_plain_value_columns() {
+        let mut c = base();
+        c.track_history_column_list = Some(vec!["city".into()]);
+        assert_eq!(code_of(c.clone()), codes::INVALID_DEFINITION);
+        c.stored_as_scd_type = 2;
+        assert!(Flow::new(c.clone()).is_ok());
+        c.track_history_column_list = Some(vec!["seq".into()]);
+        assert_eq!(code_of(c.clone()), codes::INVALID_SELECTION);
+        c.track_history_column_list = Some(vec!["id".into()]);
+        assert_eq!(code_of(c.clone()), codes::INVALID_SELECTION);
+        c.track_history_except_column_list = Some(vec!["city".into()]);
+        assert_eq!(code_of(c.clone()), codes::INVALID_SELECTION);
+        c.track_history_column_list = None;
+        assert_eq!(Flow::new(c).unwrap().tracked, Vec::<usize>::new());
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod error;
 pub mod fault;
 pub mod flow;
 pub mod ghost_kitchen;
+pub mod history;
 pub mod predicate;
 pub mod resolve;
 pub mod state;

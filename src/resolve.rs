@@ -150,6 +150,35 @@ pub fn validate(flow: &Flow, batch: &RecordBatch) -> Result<()> {
     Ok(())
 }
 
+/// The error for two different changes of one key with one sequence under
+/// `on_sequence_tie = "error"`.
+pub(crate) fn tie_error(flow: &Flow, row: usize) -> Error {
+    Error::Batch {
+        code: codes::SEQUENCE_TIE,
+        flow: flow.name.clone(),
+        row,
+        column: flow.seq_idx.iter().map(|&i| flow.column_name(i)).collect::<Vec<_>>().join(","),
+        message: "two different changes of one key have the same sequence; with on_sequence_tie = \"error\" such batches are rejected (make the sequence unique, or use on_sequence_tie = \"deterministic\")".into(),
+    }
+}
+
+/// Evaluates `apply_as_deletes` / `apply_as_truncates` over a batch.
+pub(crate) fn mask(
+    flow: &Flow,
+    predicate: Option<&crate::predicate::Predicate>,
+    batch: &RecordBatch,
+) -> Result<Option<arrow_array::BooleanArray>> {
+    predicate
+        .map(|p| {
+            p.evaluate(batch).map_err(|e| Error::Input {
+                code: e.code(),
+                flow: flow.name.clone(),
+                message: e.to_string(),
+            })
+        })
+        .transpose()
+}
+
 /// Resolves `batch` (columns in `flow.source_arrow` order) against `state`.
 ///
 /// `state_complete` says every row in the target was written by autocdc and
@@ -178,29 +207,14 @@ pub fn resolve(
     let seqs = codec.seqs.convert_columns(&seq_cols)?;
     let fingerprints = codec.fingerprints(batch)?;
     let hashes: Vec<u64> = keys.iter().map(|k| hash_key(k.as_ref())).collect();
-    let is_delete = match &flow.deletes {
-        Some(p) => Some(p.evaluate(batch).map_err(|e| Error::Input {
-            code: e.code(),
-            flow: flow.name.clone(),
-            message: e.to_string(),
-        })?),
-        None => None,
-    };
+    let is_delete = mask(flow, flow.deletes.as_ref(), batch)?;
     let deleted = |i: usize| is_delete.as_ref().is_some_and(|d| d.value(i));
 
     let mut stats = BatchStats {
         rows_in: n as u64,
         ..Default::default()
     };
-    let tie_error = |row: usize| {
-        Error::Batch {
-        code: codes::SEQUENCE_TIE,
-        flow: flow.name.clone(),
-        row,
-        column: flow.seq_idx.iter().map(|&i| flow.column_name(i)).collect::<Vec<_>>().join(","),
-        message: "two different changes of one key have the same sequence; with on_sequence_tie = \"error\" such batches are rejected (make the sequence unique, or use on_sequence_tie = \"deterministic\")".into(),
-    }
-    };
+    let tie_error = |row: usize| tie_error(flow, row);
 
     // 1. The winner of each key within the batch.
     let mut winners: HashTable<u32> = HashTable::with_capacity(n);

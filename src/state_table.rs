@@ -11,6 +11,12 @@
 //! (set for tombstones), `__autocdc_file` / `__autocdc_pos` (the live row's
 //! location) and `__autocdc_generation`.
 //!
+//! A flow that keeps history (SCD Type 2, `ignore_null_updates`) stores one
+//! row per kept event instead: the same columns (`__autocdc_deleted_at_ms`
+//! set on deletes, `__autocdc_file` / `__autocdc_pos` on events that anchor a
+//! target row) plus `__autocdc_val_<name>` per value column; loading keeps,
+//! per key, the rows of its highest generation.
+//!
 //! This module converts between the two forms; it does no I/O.
 
 use std::sync::Arc;
@@ -24,7 +30,10 @@ use iceberg::arrow::schema_to_arrow_schema;
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 
 use crate::error::{Error, Result};
+use std::collections::HashMap;
+
 use crate::flow::Flow;
+use crate::history::{Event, HistCodec, History};
 use crate::resolve::Codec;
 use crate::state::{EntryRef, KeyIndex, Loc, Value, hash_key};
 
@@ -36,6 +45,10 @@ pub const COL_GENERATION: &str = "__autocdc_generation";
 
 fn seq_col(name: &str) -> String {
     format!("__autocdc_seq_{name}")
+}
+
+fn val_col(name: &str) -> String {
+    format!("__autocdc_val_{name}")
 }
 
 /// The Iceberg schema of the state table of `flow`.
@@ -99,6 +112,17 @@ pub fn schema(flow: &Flow) -> Result<Schema> {
         COL_GENERATION,
         long(),
     )));
+    if flow.keeps_history() {
+        // One row per event: the keys identify no row; the values ride along.
+        for c in flow.value_cols() {
+            fields.push(Arc::new(NestedField::optional(
+                next(),
+                val_col(flow.column_name(c)),
+                src(c)?,
+            )));
+        }
+        ids.clear();
+    }
     Ok(Schema::builder()
         .with_schema_id(0)
         .with_fields(fields)
@@ -257,4 +281,157 @@ fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
             "the state table has no column `{name}`; it was not written by this version of autocdc"
         ),
     })
+}
+
+/// Encodes the events of `keys` as one batch of the state table, stamped `generation`.
+pub fn history_to_batch<'a>(
+    flow: &Flow,
+    codec: &Codec,
+    hc: &HistCodec,
+    hist: &History,
+    keys: impl Iterator<Item = (&'a [u8], &'a [Event])>,
+    generation: i64,
+) -> Result<RecordBatch> {
+    let schema = arrow_schema(flow)?;
+    let key_parser = codec.keys.parser();
+    let seq_parser = codec.seqs.parser();
+    let mut key_rows = Vec::new();
+    let mut seq_rows = Vec::new();
+    let mut fp = Int64Builder::new();
+    let mut deleted = Int64Builder::new();
+    let mut file = StringBuilder::new();
+    let mut pos = Int64Builder::new();
+    let mut vals: Vec<Vec<&[u8]>> = vec![Vec::new(); hc.cols.len()];
+    let mut n = 0;
+    for (key, events) in keys {
+        for e in events {
+            key_rows.push(key_parser.parse(key));
+            seq_rows.push(seq_parser.parse(&e.seq));
+            fp.append_value(e.fp as i64);
+            deleted.append_option(e.deleted_at_ms);
+            match e.loc {
+                Some(l) => {
+                    file.append_value(hist.files.path(l.file));
+                    pos.append_value(l.pos as i64);
+                }
+                None => {
+                    file.append_null();
+                    pos.append_null();
+                }
+            }
+            for (j, v) in e.vals.iter().enumerate() {
+                vals[j].push(v);
+            }
+            n += 1;
+        }
+    }
+    let mut cols: Vec<ArrayRef> = codec.keys.convert_rows(key_rows)?;
+    cols.extend(codec.seqs.convert_rows(seq_rows)?);
+    cols.push(Arc::new(fp.finish()));
+    cols.push(Arc::new(deleted.finish()));
+    cols.push(Arc::new(file.finish()));
+    cols.push(Arc::new(pos.finish()));
+    cols.push(Arc::new(arrow_array::Int64Array::from(vec![generation; n])));
+    for (j, v) in vals.into_iter().enumerate() {
+        cols.push(hc.decode(j, v.into_iter())?);
+    }
+    cast_to_schema(cols, &schema)
+}
+
+fn cast_to_schema(cols: Vec<ArrayRef>, schema: &SchemaRef) -> Result<RecordBatch> {
+    let cols = cols
+        .into_iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c)
+            } else {
+                arrow_cast::cast(&c, f.data_type())
+            }
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(schema.clone(), cols)?)
+}
+
+/// Loads state-table batches of a history flow: per key, the events of its
+/// highest generation. Returns the number of rows read.
+pub fn load_history(
+    flow: &Flow,
+    codec: &Codec,
+    hc: &HistCodec,
+    hist: &mut History,
+    batches: &[RecordBatch],
+) -> Result<usize> {
+    let nk = flow.key_idx.len();
+    let ns = flow.seq_idx.len();
+    let cast_to = |cols: &[ArrayRef], idx: &[usize]| -> Result<Vec<ArrayRef>> {
+        cols.iter()
+            .zip(idx)
+            .map(|(c, &i)| Ok(arrow_cast::cast(c, flow.source_arrow.field(i).data_type())?))
+            .collect()
+    };
+    // Per key: (generation, events).
+    let mut keys: HashMap<Box<[u8]>, (i64, Vec<Event>)> = HashMap::new();
+    let mut total = 0;
+    for batch in batches {
+        let k = codec
+            .keys
+            .convert_columns(&cast_to(&batch.columns()[..nk], &flow.key_idx)?)?;
+        let s = codec
+            .seqs
+            .convert_columns(&cast_to(&batch.columns()[nk..nk + ns], &flow.seq_idx)?)?;
+        let g = column(batch, COL_GENERATION)?.as_primitive::<Int64Type>();
+        let fp = column(batch, COL_FINGERPRINT)?.as_primitive::<Int64Type>();
+        let del = column(batch, COL_DELETED_AT)?.as_primitive::<Int64Type>();
+        let file = column(batch, COL_FILE)?.as_string::<i32>();
+        let pos = column(batch, COL_POS)?.as_primitive::<Int64Type>();
+        let vals = hc
+            .cols
+            .iter()
+            .map(|&c| {
+                let a = column(batch, &val_col(flow.column_name(c)))?;
+                let a = arrow_cast::cast(a, flow.source_arrow.field(c).data_type())?;
+                Ok(a)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let vals = hc.encode_columns(&vals)?;
+        for r in 0..batch.num_rows() {
+            total += 1;
+            let loc = if file.is_valid(r) && pos.is_valid(r) {
+                let p = u32::try_from(pos.value(r)).map_err(|_| Error::State {
+                    code: "AUTOCDC_INVALID_STATE.POSITION",
+                    message: format!("state row position {} out of range", pos.value(r)),
+                })?;
+                Some(Loc {
+                    file: hist.files.intern(file.value(r)),
+                    pos: p,
+                })
+            } else {
+                None
+            };
+            let event = Event {
+                seq: s.row(r).data().into(),
+                fp: fp.value(r) as u64,
+                deleted_at_ms: del.is_valid(r).then(|| del.value(r)),
+                vals: vals.iter().map(|v| v.row(r).data().into()).collect(),
+                loc,
+            };
+            let gen_ = g.value(r);
+            let entry = keys
+                .entry(k.row(r).data().into())
+                .or_insert_with(|| (gen_, Vec::new()));
+            if gen_ > entry.0 {
+                *entry = (gen_, Vec::new());
+            }
+            if gen_ == entry.0 {
+                entry.1.push(event);
+            }
+        }
+    }
+    for (key, (_, mut events)) in keys {
+        events.sort_by(|a, b| a.seq.cmp(&b.seq));
+        hist.put(key, events);
+    }
+    hist.clear_dirty();
+    Ok(total)
 }

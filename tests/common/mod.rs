@@ -13,6 +13,8 @@ use autocdc::resolve::{self, BatchStats, Codec};
 use autocdc::state::{KeyIndex, Loc};
 use autocdc::state_table;
 
+pub mod scd;
+
 pub const CUSTOMERS: &str = r#"
 name = "customers"
 target = "crm.customers"

@@ -1,0 +1,656 @@
+//! Change history per key, for flows that need more than the winning change:
+//! SCD Type 2 (every version of a row, with `__START_AT` / `__END_AT`) and
+//! `ignore_null_updates` (a null keeps the column's value).
+//!
+//! Per key the state keeps the applied changes ("events") in sequence order.
+//! The rows a key has in the target are a pure function of its events
+//! (`fold`), so a late event is simply put in its place and the key folded
+//! again: the output rows that changed are removed (by position, which each
+//! row's anchor event records) and the new ones inserted. Whatever the
+//! arrival order and batching, the target equals the fold of all events.
+//!
+//! Every event is kept: SCD Type 2's history can be split anywhere later,
+//! and under `ignore_null_updates` a late change may fill a column of any
+//! earlier version. SCD Type 1 with ties rejected drops the values of
+//! upserts that later ones overwrite entirely, keeping their sequence and
+//! fingerprint (see `prune`).
+//!
+//! Architecture invariant: no I/O, no clock (commit time is a parameter).
+
+use std::collections::HashMap;
+
+use arrow_array::{Array, ArrayRef, RecordBatch, StructArray, UInt32Array};
+use arrow_row::{RowConverter, Rows, SortField};
+use arrow_schema::{DataType, SchemaRef};
+use arrow_select::take::take;
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::error::{Error, Result, codes};
+use crate::flow::{END_AT, Flow, START_AT, TiePolicy};
+use crate::resolve::{BatchStats, Codec, mask, tie_error, validate};
+use crate::state::{FileTable, Loc};
+
+/// Encoders for single values of the flow's value columns (the target
+/// columns that are not keys), so a value is a byte string that compares,
+/// hashes and decodes back.
+#[derive(Debug)]
+pub struct HistCodec {
+    /// Source indices of the value columns, in target order.
+    pub cols: Vec<usize>,
+    convs: Vec<RowConverter>,
+    /// The encoding of a null, per value column.
+    nulls: Vec<Box<[u8]>>,
+    /// Positions in `cols` of the tracked columns (SCD Type 2); empty for SCD Type 1.
+    tracked: Vec<usize>,
+    scd2: bool,
+    ignore_nulls: bool,
+    /// SCD Type 1 with ties rejected: values later upserts overwrite can go.
+    prune: bool,
+}
+
+impl HistCodec {
+    pub fn new(flow: &Flow) -> Result<HistCodec> {
+        let cols = flow.value_cols();
+        let mut convs = Vec::new();
+        let mut nulls = Vec::new();
+        for &c in &cols {
+            let t = flow.source_arrow.field(c).data_type().clone();
+            let conv = RowConverter::new(vec![SortField::new(t.clone())])?;
+            let null = arrow_array::new_null_array(&t, 1);
+            let rows = conv.convert_columns(&[null])?;
+            nulls.push(rows.row(0).as_ref().into());
+            convs.push(conv);
+        }
+        let tracked = if flow.scd2 {
+            flow.tracked
+                .iter()
+                .map(|t| {
+                    cols.iter()
+                        .position(|c| c == t)
+                        .expect("tracked is a value column")
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(HistCodec {
+            cols,
+            convs,
+            nulls,
+            tracked,
+            scd2: flow.scd2,
+            ignore_nulls: flow.ignore_null_updates,
+            prune: !flow.scd2 && flow.on_tie == TiePolicy::Error,
+        })
+    }
+
+    fn is_null(&self, col: usize, v: &[u8]) -> bool {
+        *self.nulls[col] == *v
+    }
+
+    /// The value columns of `batch`, encoded.
+    pub fn encode(&self, batch: &RecordBatch) -> Result<Vec<Rows>> {
+        self.cols
+            .iter()
+            .zip(&self.convs)
+            .map(|(&c, conv)| Ok(conv.convert_columns(&[batch.column(c).clone()])?))
+            .collect()
+    }
+
+    /// Value columns (in `cols` order, source types), encoded.
+    pub fn encode_columns(&self, arrays: &[ArrayRef]) -> Result<Vec<Rows>> {
+        arrays
+            .iter()
+            .zip(&self.convs)
+            .map(|(a, conv)| Ok(conv.convert_columns(std::slice::from_ref(a))?))
+            .collect()
+    }
+
+    /// Decodes one value column.
+    pub fn decode<'a>(&self, col: usize, vals: impl Iterator<Item = &'a [u8]>) -> Result<ArrayRef> {
+        let parser = self.convs[col].parser();
+        let mut out = self.convs[col].convert_rows(vals.map(|v| parser.parse(v)))?;
+        Ok(out.remove(0))
+    }
+
+    pub fn null(&self, col: usize) -> Box<[u8]> {
+        self.nulls[col].clone()
+    }
+}
+
+/// One applied change of a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Row-encoded sequence (`Codec::seqs`).
+    pub seq: Box<[u8]>,
+    /// Fingerprint of the whole change: decides ties, spots duplicates.
+    pub fp: u64,
+    /// Commit time of a delete; None for an upsert.
+    pub deleted_at_ms: Option<i64>,
+    /// The value columns, encoded (`HistCodec`).
+    pub vals: Vec<Box<[u8]>>,
+    /// Where the target row this event anchors sits: the version it opens
+    /// (SCD Type 2) or the current row it last updated (SCD Type 1).
+    pub loc: Option<Loc>,
+}
+
+impl Event {
+    pub fn is_delete(&self) -> bool {
+        self.deleted_at_ms.is_some()
+    }
+}
+
+/// The history of every key. Keys are row-encoded (`Codec::keys`).
+#[derive(Debug, Default, Clone)]
+pub struct History {
+    keys: HashMap<Box<[u8]>, Vec<Event>>,
+    pub files: FileTable,
+    dirty: Vec<Box<[u8]>>,
+    events: usize,
+}
+
+impl History {
+    pub fn get(&self, key: &[u8]) -> Option<&[Event]> {
+        self.keys.get(key).map(Vec::as_slice)
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Events kept, over all keys.
+    pub fn events(&self) -> usize {
+        self.events
+    }
+
+    /// Keys whose latest event is an upsert.
+    pub fn live(&self) -> usize {
+        self.keys
+            .values()
+            .filter(|e| e.last().is_some_and(|e| !e.is_delete()))
+            .count()
+    }
+
+    /// Replaces the events of `key` (sorted by sequence) and marks it dirty.
+    pub fn put(&mut self, key: Box<[u8]>, events: Vec<Event>) {
+        debug_assert!(events.windows(2).all(|w| w[0].seq < w[1].seq));
+        self.events += events.len();
+        if let Some(old) = self.keys.insert(key.clone(), events) {
+            self.events -= old.len();
+        }
+        self.dirty.push(key);
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[Event])> + '_ {
+        self.keys.iter().map(|(k, e)| (&**k, e.as_slice()))
+    }
+
+    pub fn dirty(&self) -> impl Iterator<Item = (&[u8], &[Event])> + '_ {
+        let mut seen = std::collections::HashSet::new();
+        self.dirty
+            .iter()
+            .filter(move |k| seen.insert(&***k))
+            .filter_map(|k| self.keys.get(k).map(|e| (&**k, e.as_slice())))
+    }
+
+    pub fn dirty_len(&self) -> usize {
+        self.dirty().map(|(_, e)| e.len()).sum()
+    }
+
+    pub fn clear_dirty(&mut self) {
+        self.dirty.clear();
+    }
+
+    /// SCD Type 1: drops keys whose only event is a delete committed before
+    /// `cutoff_ms`. Returns how many.
+    pub fn gc_tombstones(&mut self, cutoff_ms: i64) -> usize {
+        let before = self.keys.len();
+        let mut dropped = 0;
+        self.keys.retain(|_, e| {
+            let gone = e.len() == 1 && e[0].deleted_at_ms.is_some_and(|t| t < cutoff_ms);
+            dropped += gone as usize;
+            !gone
+        });
+        self.events -= dropped;
+        before - self.keys.len()
+    }
+}
+
+/// One row of the target, as the fold of a key's events produces it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Version {
+    /// Event that opens the version.
+    pub start: usize,
+    /// Event that closes it (the next version's start, or a delete).
+    pub end: Option<usize>,
+    /// Event whose `loc` locates the row.
+    pub anchor: usize,
+    pub vals: Vec<Box<[u8]>>,
+}
+
+/// The target rows of one key: events in sequence order → versions.
+///
+/// An upsert whose tracked values equal the current version's updates it in
+/// place (SCD Type 1 tracks nothing, so every upsert does); otherwise it
+/// closes the current version at its sequence and opens a new one. A delete
+/// closes the current version. With `ignore_null_updates` a null takes the
+/// current version's value (after a delete there is none to keep).
+/// SCD Type 1 keeps only the open version.
+pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
+    let mut out = Vec::new();
+    let mut cur: Option<Version> = None;
+    for (i, e) in events.iter().enumerate() {
+        if e.is_delete() {
+            if let Some(mut v) = cur.take() {
+                v.end = Some(i);
+                out.push(v);
+            }
+            continue;
+        }
+        let vals: Vec<Box<[u8]>> = match &cur {
+            Some(v) if hc.ignore_nulls => e
+                .vals
+                .iter()
+                .enumerate()
+                .map(|(c, b)| {
+                    if hc.is_null(c, b) {
+                        v.vals[c].clone()
+                    } else {
+                        b.clone()
+                    }
+                })
+                .collect(),
+            _ => e.vals.clone(),
+        };
+        match &mut cur {
+            Some(v) if hc.tracked.iter().all(|&t| v.vals[t] == vals[t]) => {
+                v.vals = vals;
+                if !hc.scd2 {
+                    v.anchor = i;
+                }
+            }
+            _ => {
+                if let Some(mut v) = cur.take() {
+                    v.end = Some(i);
+                    out.push(v);
+                }
+                cur = Some(Version {
+                    start: i,
+                    end: None,
+                    anchor: i,
+                    vals,
+                });
+            }
+        }
+    }
+    out.extend(cur);
+    if !hc.scd2 {
+        out.retain(|v| v.end.is_none());
+    }
+    out
+}
+
+/// Identity of a target row: its values and (SCD Type 2) its interval.
+fn row_hash(hc: &HistCodec, events: &[Event], v: &Version) -> u64 {
+    let mut h = Xxh3::new();
+    for b in &v.vals {
+        h.update(&(b.len() as u32).to_le_bytes());
+        h.update(b);
+    }
+    if hc.scd2 {
+        let seq = |i: usize| &events[i].seq;
+        h.update(&(seq(v.start).len() as u32).to_le_bytes());
+        h.update(seq(v.start));
+        match v.end {
+            Some(e) => {
+                h.update(&[1]);
+                h.update(seq(e));
+            }
+            None => h.update(&[0]),
+        }
+    }
+    h.digest()
+}
+
+/// SCD Type 1 with `on_sequence_tie = "error"`: drops the values that can
+/// no longer matter. An upsert every non-null value of which a later upsert
+/// of the same life (no delete between) overwrites keeps only its sequence
+/// and fingerprint (its values become null), so a duplicate arriving later
+/// is still recognised. With deterministic ties nothing is dropped: a later
+/// change could win a tie against the overwriting upsert (or a delete) and
+/// bring the older values back into play.
+fn prune(hc: &HistCodec, events: &mut [Event]) {
+    if !hc.prune {
+        return;
+    }
+    let ncols = hc.cols.len();
+    let mut covered = vec![false; ncols];
+    let mut later_upsert = false;
+    for e in events.iter_mut().rev() {
+        if e.is_delete() {
+            covered.iter_mut().for_each(|c| *c = false);
+            later_upsert = false;
+            continue;
+        }
+        let nonnull: Vec<usize> = (0..ncols).filter(|&c| !hc.is_null(c, &e.vals[c])).collect();
+        if later_upsert && !nonnull.is_empty() && nonnull.iter().all(|&c| covered[c]) {
+            for c in 0..ncols {
+                e.vals[c] = hc.null(c);
+            }
+        }
+        for c in nonnull {
+            covered[c] = true;
+        }
+        if !hc.ignore_nulls {
+            // Without ignore_null_updates the latest upsert decides every column.
+            covered.iter_mut().for_each(|c| *c = true);
+        }
+        later_upsert = true;
+    }
+}
+
+/// A target row to write or to remove by key.
+#[derive(Debug, Clone)]
+pub struct OutRow {
+    pub key: Box<[u8]>,
+    pub vals: Vec<Box<[u8]>>,
+    pub start: Option<Box<[u8]>>,
+    pub end: Option<Box<[u8]>>,
+}
+
+/// The new events of one key, with the insert ordinal each new anchor waits for.
+#[derive(Debug)]
+pub struct KeyChange {
+    pub key: Box<[u8]>,
+    pub events: Vec<Event>,
+    /// (event index, insert ordinal): the event's `loc` is where that insert lands.
+    pub pending: Vec<(usize, u32)>,
+}
+
+/// What one batch does to a history flow.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub inserts: Vec<OutRow>,
+    pub remove_positions: Vec<Loc>,
+    /// Rows whose position is unknown: removed by equality delete on the keys
+    /// (and `__START_AT` for SCD Type 2).
+    pub remove_rows: Vec<OutRow>,
+    pub changes: Vec<KeyChange>,
+    pub stats: BatchStats,
+}
+
+fn to_out(key: &[u8], events: &[Event], v: &Version) -> OutRow {
+    OutRow {
+        key: key.into(),
+        vals: v.vals.clone(),
+        start: Some(events[v.start].seq.clone()),
+        end: v.end.map(|e| events[e].seq.clone()),
+    }
+}
+
+/// Resolves `batch` against the history: every change goes to its place in
+/// its key's events, and each touched key is folded again.
+pub fn resolve(
+    flow: &Flow,
+    codec: &Codec,
+    hc: &HistCodec,
+    batch: &RecordBatch,
+    hist: &History,
+    state_complete: bool,
+    now_ms: i64,
+) -> Result<Plan> {
+    validate(flow, batch)?;
+    let n = batch.num_rows();
+    let cols =
+        |idx: &[usize]| -> Vec<ArrayRef> { idx.iter().map(|&i| batch.column(i).clone()).collect() };
+    let keys = codec.keys.convert_columns(&cols(&flow.key_idx))?;
+    let seqs = codec.seqs.convert_columns(&cols(&flow.seq_idx))?;
+    let fps = codec.fingerprints(batch)?;
+    let vals = hc.encode(batch)?;
+    let is_delete = mask(flow, flow.deletes.as_ref(), batch)?;
+    let deleted = |i: usize| is_delete.as_ref().is_some_and(|d| d.value(i));
+
+    let mut plan = Plan {
+        stats: BatchStats {
+            rows_in: n as u64,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    // Rows grouped by key, keys in order of first appearance.
+    let mut groups: HashMap<&[u8], usize> = HashMap::new();
+    let mut order: Vec<(&[u8], Vec<usize>)> = Vec::new();
+    for i in 0..n {
+        let k = keys.row(i);
+        let k: &[u8] = k.data();
+        match groups.get(k) {
+            Some(&g) => order[g].1.push(i),
+            None => {
+                groups.insert(k, order.len());
+                order.push((k, vec![i]));
+            }
+        }
+    }
+
+    for (key, rows) in order {
+        let old: &[Event] = hist.get(key).unwrap_or(&[]);
+        let mut events = old.to_vec();
+        for &i in &rows {
+            let seq: &[u8] = seqs.row(i).data();
+            let fp = fps[i];
+            let at = events.partition_point(|e| &*e.seq < seq);
+            let event = Event {
+                seq: seq.into(),
+                fp,
+                deleted_at_ms: deleted(i).then_some(now_ms),
+                vals: vals.iter().map(|r| r.row(i).data().into()).collect(),
+                loc: None,
+            };
+            if let Some(e) = events.get(at).filter(|e| &*e.seq == seq) {
+                if e.fp == fp {
+                    plan.stats.duplicates += 1;
+                    continue;
+                }
+                if flow.on_tie == TiePolicy::Error {
+                    return Err(tie_error(flow, i));
+                }
+                plan.stats.ties += 1;
+                if fp < e.fp {
+                    plan.stats.tie_losers += 1;
+                    continue;
+                }
+                events[at] = event;
+            } else {
+                let behind_delete = !hc.scd2 && events[at..].iter().any(Event::is_delete);
+                events.insert(at, event);
+                if behind_delete {
+                    // SCD Type 1: older than a delete, it changes nothing now
+                    // (it is kept in case a tie displaces that delete).
+                    plan.stats.stale += 1;
+                    continue;
+                }
+            }
+            if deleted(i) {
+                plan.stats.deletes += 1;
+            } else {
+                plan.stats.upserts += 1;
+            }
+        }
+        prune(hc, &mut events);
+        if events == old {
+            continue;
+        }
+
+        // Fold before and after; rows present in both stay where they are.
+        let before = fold(hc, old);
+        let after = fold(hc, &events);
+        let mut olds: Vec<(u64, &Version, bool)> = before
+            .iter()
+            .map(|v| (row_hash(hc, old, v), v, false))
+            .collect();
+        let mut kept: Vec<(usize, Loc)> = Vec::new();
+        let mut pending = Vec::new();
+        for v in &after {
+            let h = row_hash(hc, &events, v);
+            if let Some(o) = olds.iter_mut().find(|o| !o.2 && o.0 == h) {
+                o.2 = true;
+                if let Some(loc) = old[o.1.anchor].loc {
+                    kept.push((v.anchor, loc));
+                    continue;
+                }
+                // A row without a known position: write it again, remove the old by key.
+                o.2 = false;
+            }
+            pending.push((v.anchor, plan.inserts.len() as u32));
+            plan.inserts.push(to_out(key, &events, v));
+        }
+        for (_, v, matched) in &olds {
+            if *matched {
+                continue;
+            }
+            match old[v.anchor].loc {
+                Some(loc) if hist.files.is_live(loc.file) => {
+                    plan.remove_positions.push(loc);
+                    plan.stats.removed_by_position += 1;
+                }
+                _ => {
+                    plan.remove_rows.push(to_out(key, old, v));
+                    plan.stats.removed_by_key += 1;
+                }
+            }
+        }
+        if old.is_empty() && !state_complete && !hc.scd2 {
+            // The key may have a row autocdc did not write.
+            plan.remove_rows.push(OutRow {
+                key: key.into(),
+                vals: (0..hc.cols.len()).map(|c| hc.null(c)).collect(),
+                start: None,
+                end: None,
+            });
+            plan.stats.removed_by_key += 1;
+        }
+        for e in events.iter_mut() {
+            e.loc = None;
+        }
+        for (at, loc) in kept {
+            events[at].loc = Some(loc);
+        }
+        plan.changes.push(KeyChange {
+            key: key.into(),
+            events,
+            pending,
+        });
+    }
+
+    // A row to write must fill the target's required columns.
+    for (j, &c) in hc.cols.iter().enumerate() {
+        if !flow.required(c) {
+            continue;
+        }
+        if let Some(r) = plan.inserts.iter().find(|r| hc.is_null(j, &r.vals[j])) {
+            let row = (0..n).find(|&i| keys.row(i).data() == &*r.key).unwrap_or(0);
+            return Err(Error::Batch {
+                code: codes::BAD_COLUMN,
+                flow: flow.name.clone(),
+                row,
+                column: flow.column_name(c).to_string(),
+                message: "required column is null in an upsert; send a value or declare the column without `required`".into(),
+            });
+        }
+    }
+    plan.remove_positions.sort_unstable();
+    Ok(plan)
+}
+
+/// Moves the history forward once the inserts are written: `locs[ordinal]`
+/// is where insert `ordinal` landed.
+pub fn apply(hist: &mut History, plan: Plan, locs: &[Loc]) {
+    debug_assert_eq!(locs.len(), plan.inserts.len());
+    for mut c in plan.changes {
+        for &(at, ordinal) in &c.pending {
+            c.events[at].loc = Some(locs[ordinal as usize]);
+        }
+        hist.put(c.key, c.events);
+    }
+}
+
+/// `rows` as a batch of the target (`schema`: the target's Arrow schema).
+pub fn rows_batch(
+    flow: &Flow,
+    codec: &Codec,
+    hc: &HistCodec,
+    schema: &SchemaRef,
+    rows: &[OutRow],
+) -> Result<RecordBatch> {
+    let kp = codec.keys.parser();
+    let key_cols = codec
+        .keys
+        .convert_rows(rows.iter().map(|r| kp.parse(&r.key)))?;
+    let seq_cols = |pick: &dyn Fn(&OutRow) -> Option<&[u8]>| -> Result<Vec<ArrayRef>> {
+        let sp = codec.seqs.parser();
+        let present: Vec<&[u8]> = rows.iter().filter_map(pick).collect();
+        let dense = codec
+            .seqs
+            .convert_rows(present.iter().map(|s| sp.parse(s)))?;
+        let mut next = 0u32;
+        let idx: UInt32Array = rows
+            .iter()
+            .map(|r| {
+                pick(r).map(|_| {
+                    next += 1;
+                    next - 1
+                })
+            })
+            .collect();
+        dense
+            .iter()
+            .map(|a| Ok(take(a.as_ref(), &idx, None)?))
+            .collect()
+    };
+    let mut out = Vec::with_capacity(schema.fields().len());
+    for f in schema.fields() {
+        let name = f.name().as_str();
+        let a: ArrayRef = if name == START_AT || name == END_AT {
+            let cols = if name == START_AT {
+                seq_cols(&|r: &OutRow| r.start.as_deref())?
+            } else {
+                seq_cols(&|r: &OutRow| r.end.as_deref())?
+            };
+            match f.data_type() {
+                DataType::Struct(fields) => {
+                    let nulls = cols[0].logical_nulls();
+                    let children = cols
+                        .iter()
+                        .zip(fields.iter())
+                        .map(|(c, sf)| Ok(arrow_cast::cast(c, sf.data_type())?))
+                        .collect::<Result<Vec<_>>>()?;
+                    std::sync::Arc::new(StructArray::try_new(fields.clone(), children, nulls)?)
+                }
+                t => arrow_cast::cast(&cols[0], t)?,
+            }
+        } else if let Some(k) = flow
+            .key_idx
+            .iter()
+            .position(|&c| flow.column_name(c) == name)
+        {
+            arrow_cast::cast(&key_cols[k], f.data_type())?
+        } else if let Some(j) = hc.cols.iter().position(|&c| flow.column_name(c) == name) {
+            let a = hc.decode(j, rows.iter().map(|r| &*r.vals[j]))?;
+            arrow_cast::cast(&a, f.data_type())?
+        } else {
+            return Err(Error::State {
+                code: "AUTOCDC_INVALID_STATE.SCHEMA_DRIFT",
+                message: format!(
+                    "target column `{name}` is not produced by flow `{}`",
+                    flow.name
+                ),
+            });
+        };
+        out.push(a);
+    }
+    Ok(RecordBatch::try_new(schema.clone(), out)?)
+}

@@ -1,0 +1,293 @@
+//! History flows (SCD Type 2, ignore_null_updates): the `people` flow, its
+//! batches, an oracle written from the definitions (per key: sort by
+//! sequence, fold into intervals), and `HistSim`, a model table that applies
+//! history plans as Iceberg readers would.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
+use autocdc::flow::Flow;
+use autocdc::history::{self, HistCodec, History};
+use autocdc::resolve::{BatchStats, Codec};
+use autocdc::state::Loc;
+use autocdc::state_table;
+
+use super::render_all;
+
+/// How a `people` flow is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub scd2: bool,
+    /// SCD Type 2: `note` is not tracked (a change to it alone opens no version).
+    pub untracked_note: bool,
+    pub ignore_nulls: bool,
+    /// `on_sequence_tie = "error"` (the generator then makes sequences unique per key).
+    pub ties_error: bool,
+}
+
+pub const SCD2: Shape = Shape {
+    scd2: true,
+    untracked_note: false,
+    ignore_nulls: false,
+    ties_error: false,
+};
+
+pub fn people_toml(shape: Shape, target: &str) -> String {
+    let mut t = format!(
+        r#"
+name = "{}"
+target = "{target}"
+keys = ["id"]
+sequence_by = "seq"
+apply_as_deletes = "op = 'DELETE'"
+except_column_list = ["op"]
+stored_as_scd_type = {}
+ignore_null_updates = {}
+columns = [
+  {{ name = "id", type = "long", required = true }},
+  {{ name = "city", type = "string" }},
+  {{ name = "note", type = "string" }},
+  {{ name = "op", type = "string", required = true }},
+  {{ name = "seq", type = "long", required = true }},
+]
+"#,
+        target.replace('.', "_"),
+        if shape.scd2 { 2 } else { 1 },
+        shape.ignore_nulls,
+    );
+    if shape.ties_error {
+        t.push_str("on_sequence_tie = \"error\"\n");
+    }
+    if shape.untracked_note {
+        t.push_str("track_history_except_column_list = [\"note\"]\n");
+    }
+    t
+}
+
+pub fn people(shape: Shape, target: &str) -> Flow {
+    Flow::new(toml::from_str(&people_toml(shape, target)).unwrap()).unwrap()
+}
+
+/// One change: (id, is delete, city, note, seq).
+pub type PEv = (i64, bool, Option<&'static str>, Option<&'static str>, i64);
+
+pub fn up(id: i64, city: &'static str, note: &'static str, seq: i64) -> PEv {
+    (id, false, Some(city), Some(note), seq)
+}
+
+pub fn del(id: i64, seq: i64) -> PEv {
+    (id, true, None, None, seq)
+}
+
+pub fn people_batch(flow: &Flow, evs: &[PEv]) -> RecordBatch {
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from_iter_values(evs.iter().map(|e| e.0))),
+        Arc::new(StringArray::from_iter(evs.iter().map(|e| e.2))),
+        Arc::new(StringArray::from_iter(evs.iter().map(|e| e.3))),
+        Arc::new(StringArray::from_iter_values(
+            evs.iter().map(|e| if e.1 { "DELETE" } else { "UPSERT" }),
+        )),
+        Arc::new(Int64Array::from_iter_values(evs.iter().map(|e| e.4))),
+    ];
+    RecordBatch::try_new(flow.source_arrow.clone(), cols).unwrap()
+}
+
+fn s(v: Option<&str>) -> String {
+    v.unwrap_or("NULL").to_string()
+}
+
+/// The oracle. Per key and sequence the change with the larger fingerprint
+/// wins (the documented tie rule); then, in sequence order: a delete closes
+/// the open version; an upsert (nulls filled from the open version with
+/// ignore_nulls) updates the open version in place when its tracked columns
+/// are unchanged, else closes it at its sequence and opens a new one.
+/// SCD Type 1 tracks nothing and shows only the open version.
+/// Rows: id, city, note, seq (of the version's latest change), and for SCD
+/// Type 2 `__START_AT`, `__END_AT`.
+pub fn people_oracle(shape: Shape, flow: &Flow, batches: &[RecordBatch]) -> BTreeSet<Vec<String>> {
+    let codec = Codec::new(flow).unwrap();
+    type Change = (u64, bool, Option<String>, Option<String>);
+    let mut per_key: BTreeMap<i64, BTreeMap<i64, Change>> = BTreeMap::new();
+    for b in batches {
+        let fps = codec.fingerprints(b).unwrap();
+        let dels = flow.deletes.as_ref().unwrap().evaluate(b).unwrap();
+        let id = b.column(0).as_primitive::<Int64Type>();
+        let city = b.column(1).as_string::<i32>();
+        let note = b.column(2).as_string::<i32>();
+        let seq = b.column(4).as_primitive::<Int64Type>();
+        let get =
+            |a: &arrow_array::StringArray, r: usize| a.is_valid(r).then(|| a.value(r).to_string());
+        for (r, &fp) in fps.iter().enumerate() {
+            let c = (fp, dels.value(r), get(city, r), get(note, r));
+            let m = per_key.entry(id.value(r)).or_default();
+            match m.get(&seq.value(r)) {
+                Some(cur) if cur.0 >= c.0 => {}
+                _ => {
+                    m.insert(seq.value(r), c);
+                }
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    for (id, changes) in per_key {
+        // (start, city, note, latest seq)
+        let mut cur: Option<(i64, Option<String>, Option<String>, i64)> = None;
+        let mut versions = Vec::new();
+        for (seq, (_, is_del, city, note)) in changes {
+            if is_del {
+                if let Some(v) = cur.take() {
+                    versions.push((v, Some(seq)));
+                }
+                continue;
+            }
+            let (city, note) = match &cur {
+                Some(v) if shape.ignore_nulls => (city.or(v.1.clone()), note.or(v.2.clone())),
+                _ => (city, note),
+            };
+            let same = match &cur {
+                Some(v) => !shape.scd2 || (v.1 == city && (shape.untracked_note || v.2 == note)),
+                None => false,
+            };
+            if same {
+                let v = cur.as_mut().unwrap();
+                (v.1, v.2, v.3) = (city, note, seq);
+            } else {
+                if let Some(v) = cur.take() {
+                    versions.push((v, Some(seq)));
+                }
+                cur = Some((seq, city, note, seq));
+            }
+        }
+        if let Some(v) = cur {
+            versions.push((v, None));
+        }
+        for ((start, city, note, last), end) in versions {
+            let mut row = vec![
+                id.to_string(),
+                s(city.as_deref()),
+                s(note.as_deref()),
+                last.to_string(),
+            ];
+            if shape.scd2 {
+                row.push(start.to_string());
+                row.push(end.map(|e| e.to_string()).unwrap_or_else(|| "NULL".into()));
+            } else if end.is_some() {
+                continue;
+            }
+            out.insert(row);
+        }
+    }
+    out
+}
+
+/// A model of the target for history plans: data files as vectors of rows,
+/// removed rows set to `None`; a position delete must hit a live row.
+pub struct HistSim {
+    pub flow: Flow,
+    codec: Codec,
+    hc: HistCodec,
+    pub hist: History,
+    files: Vec<(String, Vec<Option<Vec<String>>>)>,
+    target_arrow: arrow_schema::SchemaRef,
+    pub now_ms: i64,
+    pub stats: BatchStats,
+}
+
+impl HistSim {
+    pub fn new(flow: Flow) -> HistSim {
+        HistSim {
+            codec: Codec::new(&flow).unwrap(),
+            hc: HistCodec::new(&flow).unwrap(),
+            target_arrow: Arc::new(
+                iceberg::arrow::schema_to_arrow_schema(&flow.target_schema).unwrap(),
+            ),
+            flow,
+            hist: History::default(),
+            files: Vec::new(),
+            now_ms: 1_000,
+            stats: BatchStats::default(),
+        }
+    }
+
+    pub fn apply(&mut self, batch: &RecordBatch) -> autocdc::Result<BatchStats> {
+        let plan = history::resolve(
+            &self.flow,
+            &self.codec,
+            &self.hc,
+            batch,
+            &self.hist,
+            true,
+            self.now_ms,
+        )?;
+        for loc in &plan.remove_positions {
+            let path = self.hist.files.path(loc.file).to_string();
+            let f = self.files.iter_mut().find(|f| f.0 == path).unwrap();
+            let row = &mut f.1[loc.pos as usize];
+            assert!(
+                row.is_some(),
+                "position delete of a removed row {path}:{}",
+                loc.pos
+            );
+            *row = None;
+        }
+        assert!(
+            plan.remove_rows.is_empty(),
+            "a complete state needs no equality deletes"
+        );
+        let rows = history::rows_batch(
+            &self.flow,
+            &self.codec,
+            &self.hc,
+            &self.target_arrow,
+            &plan.inserts,
+        )?;
+        let rows = render_all(&rows);
+        let path = format!("sim-{}.parquet", self.files.len());
+        let id = self.hist.files.intern(&path);
+        let locs: Vec<Loc> = (0..rows.len() as u32)
+            .map(|pos| Loc { file: id, pos })
+            .collect();
+        self.files
+            .push((path, rows.into_iter().map(Some).collect()));
+        let stats = plan.stats;
+        history::apply(&mut self.hist, plan, &locs);
+        self.stats.add(&stats);
+        self.now_ms += 1;
+        Ok(stats)
+    }
+
+    /// Persists the history to the state-table form and loads it back.
+    pub fn restart(&mut self) {
+        let b = state_table::history_to_batch(
+            &self.flow,
+            &self.codec,
+            &self.hc,
+            &self.hist,
+            self.hist.iter(),
+            7,
+        )
+        .unwrap();
+        let mut fresh = History::default();
+        // Same file ids as before: intern the paths in order.
+        for (p, _) in &self.files {
+            fresh.files.intern(p);
+        }
+        state_table::load_history(&self.flow, &self.codec, &self.hc, &mut fresh, &[b]).unwrap();
+        assert_eq!(fresh.len(), self.hist.len());
+        assert_eq!(fresh.events(), self.hist.events());
+        self.hist = fresh;
+    }
+
+    pub fn table(&self) -> BTreeSet<Vec<String>> {
+        let mut out = BTreeSet::new();
+        for (_, rows) in &self.files {
+            for r in rows.iter().flatten() {
+                assert!(out.insert(r.clone()), "row {r:?} twice");
+            }
+        }
+        out
+    }
+}

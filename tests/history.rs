@@ -1,0 +1,135 @@
+//! Property tests of the history resolver (SCD Type 2, ignore_null_updates)
+//! against the oracle in `common::scd`: random changes over few keys and
+//! sequences (to force late events, duplicates and ties), in a random order,
+//! cut into random micro-batches, with state restarts between some of them.
+
+mod common;
+
+use common::scd::*;
+use proptest::prelude::*;
+
+const CITIES: [Option<&str>; 4] = [Some("Leeds"), Some("York"), Some("Bath"), None];
+const NOTES: [Option<&str>; 3] = [Some("vip"), Some("new"), None];
+
+fn shuffle<T>(v: &mut [T], mut x: u64) {
+    x |= 1;
+    for i in (1..v.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+}
+
+fn run(
+    shape: Shape,
+    changes: &[(i64, bool, usize, usize, i64)],
+    order_seed: u64,
+    cuts: &[bool],
+    restarts: &[bool],
+) -> Result<(), TestCaseError> {
+    let flow = people(shape, "crm.people");
+    let mut seen = std::collections::HashSet::new();
+    let mut evs: Vec<PEv> = changes
+        .iter()
+        .filter(|c| !shape.ties_error || seen.insert((c.0, c.4)))
+        .map(|&(k, d, c, n, s)| {
+            if d {
+                del(k, s)
+            } else {
+                (k, false, CITIES[c], NOTES[n], s)
+            }
+        })
+        .collect();
+    shuffle(&mut evs, order_seed);
+    let mut batches: Vec<Vec<PEv>> = vec![Vec::new()];
+    for (i, e) in evs.iter().enumerate() {
+        batches.last_mut().unwrap().push(*e);
+        if cuts[i] && i + 1 < evs.len() {
+            batches.push(Vec::new());
+        }
+    }
+    let arrow: Vec<_> = batches.iter().map(|b| people_batch(&flow, b)).collect();
+    let mut sim = HistSim::new(flow.clone());
+    for (i, b) in arrow.iter().enumerate() {
+        sim.apply(b).unwrap();
+        if restarts[i] {
+            sim.restart();
+        }
+    }
+    prop_assert_eq!(sim.table(), people_oracle(shape, &flow, &arrow));
+    let s = sim.stats;
+    prop_assert_eq!(
+        s.rows_in,
+        s.upserts + s.deletes + s.stale + s.duplicates + s.tie_losers
+    );
+    Ok(())
+}
+
+fn changes() -> impl Strategy<Value = Vec<(i64, bool, usize, usize, i64)>> {
+    // Few keys and sequences: late events, duplicates and ties are common.
+    prop::collection::vec(
+        (
+            0i64..3,
+            prop::bool::weighted(0.2),
+            0usize..4,
+            0usize..3,
+            0i64..8,
+        ),
+        1..50,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn scd2_any_order_and_batching_gives_the_oracle_history(
+        changes in changes(),
+        order_seed in any::<u64>(),
+        cuts in prop::collection::vec(any::<bool>(), 50),
+        restarts in prop::collection::vec(any::<bool>(), 50),
+    ) {
+        run(SCD2, &changes, order_seed, &cuts, &restarts)?;
+    }
+
+    #[test]
+    fn scd2_with_an_untracked_column(
+        changes in changes(),
+        order_seed in any::<u64>(),
+        cuts in prop::collection::vec(any::<bool>(), 50),
+        restarts in prop::collection::vec(any::<bool>(), 50),
+    ) {
+        run(Shape { untracked_note: true, ..SCD2 }, &changes, order_seed, &cuts, &restarts)?;
+    }
+
+    #[test]
+    fn scd2_ignoring_null_updates(
+        changes in changes(),
+        order_seed in any::<u64>(),
+        cuts in prop::collection::vec(any::<bool>(), 50),
+        restarts in prop::collection::vec(any::<bool>(), 50),
+    ) {
+        run(Shape { untracked_note: true, ignore_nulls: true, ..SCD2 }, &changes, order_seed, &cuts, &restarts)?;
+    }
+
+    #[test]
+    fn scd1_ignoring_null_updates(
+        changes in changes(),
+        order_seed in any::<u64>(),
+        cuts in prop::collection::vec(any::<bool>(), 50),
+        restarts in prop::collection::vec(any::<bool>(), 50),
+    ) {
+        run(Shape { scd2: false, untracked_note: false, ignore_nulls: true, ties_error: false }, &changes, order_seed, &cuts, &restarts)?;
+    }
+
+    #[test]
+    fn scd1_ignoring_null_updates_with_ties_rejected(
+        changes in changes(),
+        order_seed in any::<u64>(),
+        cuts in prop::collection::vec(any::<bool>(), 50),
+        restarts in prop::collection::vec(any::<bool>(), 50),
+    ) {
+        run(Shape { scd2: false, untracked_note: false, ignore_nulls: true, ties_error: true }, &changes, order_seed, &cuts, &restarts)?;
+    }
+}
