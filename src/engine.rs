@@ -34,6 +34,7 @@ use crate::snapshot::{self, RowDelta};
 use crate::state::FileTable;
 use crate::state::{KeyIndex, Loc};
 use crate::state_table;
+use crate::truncate;
 use crate::write::{self, FileNamer, Partitioner};
 
 pub const PROP_FLOW: &str = "autocdc.flow";
@@ -42,6 +43,8 @@ pub const PROP_INPUT_OFFSET: &str = "autocdc.input-offset";
 pub const PROP_GENERATION: &str = "autocdc.generation";
 /// "false" once the target held rows autocdc did not write (their positions are unknown).
 pub const PROP_STATE_COMPLETE: &str = "autocdc.state-complete";
+/// `apply_as_truncates`: the highest truncate's sequence, as a JSON object.
+pub const PROP_TRUNCATED_BELOW: &str = "autocdc.truncated-below";
 
 /// The state log is rewritten whole once it holds this many times more rows than keys.
 const STATE_COMPACTION_RATIO: u64 = 3;
@@ -114,6 +117,47 @@ fn ms_since(t: &mut std::time::Instant) -> f64 {
     ms
 }
 
+/// The truncate floor as a JSON object of the sequence columns, so it reads
+/// back whatever the row format's version.
+fn floor_to_json(flow: &Flow, codec: &Codec, floor: &[u8]) -> Result<String> {
+    let cols = codec
+        .seqs
+        .convert_rows(std::iter::once(codec.seqs.parser().parse(floor)))?;
+    let fields: Vec<arrow_schema::Field> = flow
+        .seq_idx
+        .iter()
+        .map(|&i| flow.source_arrow.field(i).clone())
+        .collect();
+    let batch = RecordBatch::try_new(Arc::new(arrow_schema::Schema::new(fields)), cols)?;
+    let mut w = arrow_json::LineDelimitedWriter::new(Vec::new());
+    w.write(&batch)?;
+    w.finish()?;
+    Ok(String::from_utf8_lossy(&w.into_inner()).trim().to_string())
+}
+
+fn floor_from_json(flow: &Flow, codec: &Codec, json: &str) -> Result<Box<[u8]>> {
+    let fields: Vec<arrow_schema::Field> = flow
+        .seq_idx
+        .iter()
+        .map(|&i| flow.source_arrow.field(i).clone())
+        .collect();
+    let bad = |m: String| Error::State {
+        code: "AUTOCDC_INVALID_STATE.TRUNCATE_FLOOR",
+        message: format!("flow `{}`: {PROP_TRUNCATED_BELOW} = {json}: {m}", flow.name),
+    };
+    let batch = arrow_json::ReaderBuilder::new(Arc::new(arrow_schema::Schema::new(fields)))
+        .build(std::io::Cursor::new(json.as_bytes()))
+        .map_err(|e| bad(e.to_string()))?
+        .next()
+        .ok_or_else(|| bad("empty".into()))?
+        .map_err(|e| bad(e.to_string()))?;
+    if batch.num_rows() != 1 || batch.columns().iter().any(|c| c.null_count() > 0) {
+        return Err(bad("not one complete sequence".into()));
+    }
+    let rows = codec.seqs.convert_columns(batch.columns())?;
+    Ok(rows.row(0).data().into())
+}
+
 /// One batch resolved, by the resolver the flow uses.
 enum Planned {
     /// SCD Type 1: the winning change per key.
@@ -127,6 +171,13 @@ impl Planned {
         match self {
             Planned::Keys(r) => r.stats,
             Planned::History(p) => p.stats,
+        }
+    }
+
+    fn stats_mut(&mut self) -> &mut BatchStats {
+        match self {
+            Planned::Keys(r) => &mut r.stats,
+            Planned::History(p) => &mut p.stats,
         }
     }
 
@@ -165,6 +216,8 @@ pub struct Engine {
     /// value encoders and per-key events; `state` stays empty for them.
     hc: Option<HistCodec>,
     hist: History,
+    /// `apply_as_truncates`: changes below this sequence (row-encoded) are stale.
+    floor: Option<Box<[u8]>>,
     /// Every live row of the target is in the state (so no equality deletes are needed).
     state_complete: bool,
     generation: i64,
@@ -389,7 +442,12 @@ impl Engine {
         let partitioned_by_keys = partitioner
             .as_ref()
             .is_some_and(|p| p.source_ids.iter().all(|id| key_ids.contains(id)));
+        let floor = match marker.as_ref().and_then(|m| m.get(PROP_TRUNCATED_BELOW)) {
+            Some(json) => Some(floor_from_json(&flow, &codec, json)?),
+            None => None,
+        };
         let mut engine = Engine {
+            floor,
             partitioner,
             partitioned_by_keys,
             file_partitions: None,
@@ -564,8 +622,39 @@ impl Engine {
             }));
         }
         let mut clock = std::time::Instant::now();
+        let truncated = match &self.flow.truncates {
+            Some(_) => {
+                resolve::validate(&self.flow, batch)?;
+                let live: Vec<(&[u8], &[u8])> = match &self.hc {
+                    Some(_) => self
+                        .hist
+                        .iter()
+                        .filter_map(|(k, e)| {
+                            e.last().filter(|e| !e.is_delete()).map(|e| (k, &*e.seq))
+                        })
+                        .collect(),
+                    None => self
+                        .state
+                        .iter()
+                        .filter(|e| matches!(e.value, crate::state::Value::Live(_)))
+                        .map(|e| (e.key, e.seq))
+                        .collect(),
+                };
+                Some(truncate::rewrite(
+                    &self.flow,
+                    &self.codec,
+                    batch,
+                    self.floor.as_deref(),
+                    live.into_iter(),
+                )?)
+            }
+            None => None,
+        };
+        let input = batch;
+        let batch = truncated.as_ref().map(|t| &t.batch).unwrap_or(batch);
+        let forced = truncated.as_ref().map(|t| &t.forced_deletes);
         let planned = match &self.hc {
-            Some(hc) => Planned::History(history::resolve(
+            Some(hc) => history::resolve(
                 &self.flow,
                 &self.codec,
                 hc,
@@ -573,22 +662,55 @@ impl Engine {
                 &self.hist,
                 self.state_complete,
                 now_ms,
-            )?),
-            None => Planned::Keys(resolve::resolve(
+                forced,
+            )
+            .map(Planned::History),
+            None => resolve::resolve(
                 &self.flow,
                 &self.codec,
                 batch,
                 &self.state,
                 self.state_complete,
-            )?),
+                forced,
+            )
+            .map(Planned::Keys),
         };
+        // Errors name the row of the input, not of the rewritten batch.
+        let mut planned = planned.map_err(|e| match (e, &truncated) {
+            (
+                Error::Batch {
+                    code,
+                    flow,
+                    row,
+                    column,
+                    message,
+                },
+                Some(t),
+            ) => Error::Batch {
+                code,
+                flow,
+                row: t.origin.get(row).copied().flatten().unwrap_or(0) as usize,
+                column,
+                message,
+            },
+            (e, _) => e,
+        })?;
+        if let Some(t) = &truncated {
+            let stats = planned.stats_mut();
+            stats.rows_in = input.num_rows() as u64;
+            stats.stale += t.below_floor;
+            stats.truncates = t.truncates;
+            stats.deletes -= t.removed;
+            stats.truncated = t.removed;
+        }
+        let floor_raised = truncated.as_ref().is_some_and(|t| t.raised);
         let mut report = CommitReport {
             stats: planned.stats(),
             input_offset: self.input_offset,
             ..Default::default()
         };
         report.timings.resolve_ms = ms_since(&mut clock);
-        if planned.is_empty() {
+        if planned.is_empty() && !floor_raised {
             return Ok(report);
         }
         self.poisoned = true;
@@ -785,7 +907,16 @@ impl Engine {
                         PROP_STATE_COMPLETE.to_string(),
                         self.state_complete.to_string(),
                     ),
-                ]),
+                ])
+                .into_iter()
+                .chain(match truncated.as_ref().and_then(|t| t.floor.as_deref()) {
+                    Some(f) => Some((
+                        PROP_TRUNCATED_BELOW.to_string(),
+                        floor_to_json(&self.flow, &self.codec, f)?,
+                    )),
+                    None => None,
+                })
+                .collect(),
                 now_ms,
             },
         )
@@ -817,6 +948,9 @@ impl Engine {
         self.state_snapshot = Some(state_snapshot);
         self.generation = generation;
         self.input_offset = input_offset;
+        if let Some(t) = truncated {
+            self.floor = t.floor;
+        }
         self.poisoned = false;
         if let Some(map) = &mut self.file_partitions {
             map.extend(new_partitions);

@@ -394,6 +394,7 @@ fn to_out(key: &[u8], events: &[Event], v: &Version) -> OutRow {
 
 /// Resolves `batch` against the history: every change goes to its place in
 /// its key's events, and each touched key is folded again.
+#[allow(clippy::too_many_arguments)] // the resolver's inputs, each used once
 pub fn resolve(
     flow: &Flow,
     codec: &Codec,
@@ -402,6 +403,7 @@ pub fn resolve(
     hist: &History,
     state_complete: bool,
     now_ms: i64,
+    forced_deletes: Option<&arrow_array::BooleanArray>,
 ) -> Result<Plan> {
     validate(flow, batch)?;
     let n = batch.num_rows();
@@ -412,7 +414,9 @@ pub fn resolve(
     let fps = codec.fingerprints(batch)?;
     let vals = hc.encode(batch)?;
     let is_delete = mask(flow, flow.deletes.as_ref(), batch)?;
-    let deleted = |i: usize| is_delete.as_ref().is_some_and(|d| d.value(i));
+    let deleted = |i: usize| {
+        is_delete.as_ref().is_some_and(|d| d.value(i)) || forced_deletes.is_some_and(|d| d.value(i))
+    };
 
     let mut plan = Plan {
         stats: BatchStats {

@@ -10,6 +10,7 @@ pub mod predicate;
 pub mod resolve;
 pub mod state;
 pub mod state_table;
+pub mod truncate;
 
 pub use error::{Error, Result};
 pub mod bench;

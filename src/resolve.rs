@@ -55,7 +55,7 @@ impl Codec {
 
 /// What happened to the rows of one batch. Every input row is counted once,
 /// as an applied upsert or delete, or as stale, a duplicate or a tie loser:
-/// `rows_in = upserts + deletes + stale + duplicates + tie_losers`.
+/// `rows_in = upserts + deletes + stale + duplicates + tie_losers + truncates`.
 /// `ties` counts tie events (two different changes with one sequence met),
 /// including those the incoming change won.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
@@ -69,6 +69,10 @@ pub struct BatchStats {
     pub tie_losers: u64,
     pub removed_by_position: u64,
     pub removed_by_key: u64,
+    /// Truncates (`apply_as_truncates`) in the batch.
+    pub truncates: u64,
+    /// Live rows the truncates removed.
+    pub truncated: u64,
 }
 
 impl BatchStats {
@@ -82,6 +86,8 @@ impl BatchStats {
         self.tie_losers += o.tie_losers;
         self.removed_by_position += o.removed_by_position;
         self.removed_by_key += o.removed_by_key;
+        self.truncates += o.truncates;
+        self.truncated += o.truncated;
     }
 }
 
@@ -128,13 +134,22 @@ fn first_null(a: &ArrayRef) -> Option<usize> {
 }
 
 /// Rejects the batch when a key or sequence is null, naming the row and column.
+/// A truncate (`apply_as_truncates`) needs no key.
 pub fn validate(flow: &Flow, batch: &RecordBatch) -> Result<()> {
+    let truncates = mask(flow, flow.truncates.as_ref(), batch)?;
     for (idxs, code, what) in [
         (&flow.key_idx, codes::NULL_KEY, "key"),
         (&flow.seq_idx, codes::NULL_SEQUENCE, "sequence"),
     ] {
         for &i in idxs.iter() {
-            if let Some(row) = first_null(batch.column(i)) {
+            let null = match &truncates {
+                Some(t) if what == "key" => {
+                    let a = batch.column(i);
+                    (0..a.len()).find(|&r| a.is_null(r) && !(t.is_valid(r) && t.value(r)))
+                }
+                _ => first_null(batch.column(i)),
+            };
+            if let Some(row) = null {
                 return Err(Error::Batch {
                     code,
                     flow: flow.name.clone(),
@@ -190,6 +205,7 @@ pub fn resolve(
     batch: &RecordBatch,
     state: &KeyIndex,
     state_complete: bool,
+    forced_deletes: Option<&arrow_array::BooleanArray>,
 ) -> Result<Resolution> {
     validate(flow, batch)?;
     let n = batch.num_rows();
@@ -208,7 +224,9 @@ pub fn resolve(
     let fingerprints = codec.fingerprints(batch)?;
     let hashes: Vec<u64> = keys.iter().map(|k| hash_key(k.as_ref())).collect();
     let is_delete = mask(flow, flow.deletes.as_ref(), batch)?;
-    let deleted = |i: usize| is_delete.as_ref().is_some_and(|d| d.value(i));
+    let deleted = |i: usize| {
+        is_delete.as_ref().is_some_and(|d| d.value(i)) || forced_deletes.is_some_and(|d| d.value(i))
+    };
 
     let mut stats = BatchStats {
         rows_in: n as u64,

@@ -55,7 +55,11 @@ pub fn batch(flow: &Flow, evs: &[Ev]) -> RecordBatch {
     let city = StringArray::from(evs.iter().map(|e| e.2).collect::<Vec<_>>());
     let op = StringArray::from(
         evs.iter()
-            .map(|e| if e.1 == "D" { "DELETE" } else { "UPSERT" })
+            .map(|e| match e.1 {
+                "D" => "DELETE",
+                "T" => "TRUNCATE",
+                _ => "UPSERT",
+            })
             .collect::<Vec<_>>(),
     );
     let seq = Int64Array::from(evs.iter().map(|e| e.3).collect::<Vec<_>>());
@@ -163,7 +167,7 @@ impl Sim {
     }
 
     pub fn apply(&mut self, batch: &RecordBatch) -> autocdc::Result<BatchStats> {
-        let res = resolve::resolve(&self.flow, &self.codec, batch, &self.state, true)?;
+        let res = resolve::resolve(&self.flow, &self.codec, batch, &self.state, true, None)?;
         for loc in &res.remove_positions {
             let path = self.state.files.path(loc.file).to_string();
             let f = self

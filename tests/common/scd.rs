@@ -221,6 +221,7 @@ impl HistSim {
             &self.hist,
             true,
             self.now_ms,
+            None,
         )?;
         for loc in &plan.remove_positions {
             let path = self.hist.files.path(loc.file).to_string();
