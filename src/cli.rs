@@ -42,8 +42,12 @@ pub enum Command {
         #[arg(long)]
         flow: String,
         /// Re-cut the input into micro-batches of this many rows.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "snapshot_version")]
         batch_rows: Option<usize>,
+        /// `from_snapshot` flows: the files are one whole snapshot of the
+        /// source with this version; its difference to the target is applied.
+        #[arg(long)]
+        snapshot_version: Option<i64>,
         /// NDJSON (.ndjson/.jsonl/.json), CSV with header (.csv) or Parquet (.parquet) files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
@@ -175,11 +179,15 @@ pub async fn run(cli: Cli) -> Result<()> {
             config,
             flow,
             batch_rows,
+            snapshot_version,
             files,
         } => {
             let config = load_config(&config)?;
             let flow = config.flow(&flow)?;
-            apply_files(&config.catalog, flow, &files, batch_rows).await
+            match snapshot_version {
+                Some(v) => apply_snapshot(&config.catalog, flow, &files, v).await,
+                None => apply_files(&config.catalog, flow, &files, batch_rows).await,
+            }
         }
         Command::Gen {
             feed:
@@ -353,10 +361,58 @@ fn progress(len: u64) -> ProgressBar {
 }
 
 fn stats_line(s: &BatchStats) -> String {
-    format!(
+    let mut line = format!(
         "rows={} upserts={} deletes={} stale={} duplicates={} ties={}",
         s.rows_in, s.upserts, s.deletes, s.stale, s.duplicates, s.ties
-    )
+    );
+    if s.truncates > 0 {
+        line += &format!(" truncates={} truncated={}", s.truncates, s.truncated);
+    }
+    if s.unchanged > 0 {
+        line += &format!(" unchanged={}", s.unchanged);
+    }
+    line
+}
+
+/// `apply --snapshot-version V`: the files together are one snapshot.
+async fn apply_snapshot(
+    catalog: &CatalogConfig,
+    flow: Flow,
+    files: &[PathBuf],
+    version: i64,
+) -> Result<()> {
+    let catalog = open_catalog(catalog)?;
+    let mut engine = Engine::open(flow.clone(), catalog, Arc::new(Faults::default())).await?;
+    let mut parts = Vec::new();
+    for f in files {
+        parts.push(input::read_file(&flow, f)?);
+    }
+    let rows = arrow_select::concat::concat_batches(&flow.source_arrow, &parts)?;
+    let offset = engine.summary().input_offset + 1;
+    let r = engine
+        .apply_snapshot_at(&rows, version, now_ms(), offset)
+        .await?;
+    if let Some(have) = r.skipped_for_version {
+        println!(
+            "snapshot version {version} skipped: {} already has version {have} (versions must increase)",
+            flow.target
+        );
+        return Ok(());
+    }
+    let s = &r.stats;
+    println!(
+        "snapshot version {version}: rows={} inserted+updated={} deleted={} unchanged={} files={} delete_files={} snapshot={}",
+        s.rows_in,
+        s.upserts,
+        s.deletes,
+        s.unchanged,
+        r.data_files,
+        r.delete_files,
+        r.snapshot_id
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "none".into()),
+    );
+    Ok(())
 }
 
 async fn apply_files(

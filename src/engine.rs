@@ -28,6 +28,7 @@ use crate::catalog::{Catalog, TableState};
 use crate::error::{Error, Result, codes};
 use crate::fault::{FaultPoint, Faults};
 use crate::flow::{Flow, START_AT};
+use crate::from_snapshot;
 use crate::history::{self, HistCodec, History};
 use crate::resolve::{self, BatchStats, Codec, Resolution};
 use crate::snapshot::{self, RowDelta};
@@ -45,6 +46,16 @@ pub const PROP_GENERATION: &str = "autocdc.generation";
 pub const PROP_STATE_COMPLETE: &str = "autocdc.state-complete";
 /// `apply_as_truncates`: the highest truncate's sequence, as a JSON object.
 pub const PROP_TRUNCATED_BELOW: &str = "autocdc.truncated-below";
+/// `from_snapshot` flows: the version of the last snapshot applied.
+pub const PROP_SNAPSHOT_VERSION: &str = "autocdc.snapshot-version";
+
+/// What one apply takes in: changes, or (`from_snapshot` flows) a whole
+/// snapshot of the source with its version.
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    Changes(&'a RecordBatch),
+    Snapshot { rows: &'a RecordBatch, version: i64 },
+}
 
 /// The state log is rewritten whole once it holds this many times more rows than keys.
 const STATE_COMPACTION_RATIO: u64 = 3;
@@ -66,6 +77,10 @@ pub struct CommitReport {
     /// Commits that lost a race (or whose outcome was unknown and had not
     /// landed) and were rebuilt on a reloaded table.
     pub commit_retries: u32,
+    /// `from_snapshot` flows: the version this apply was for ...
+    pub snapshot_version: Option<i64>,
+    /// ... and, when it was skipped, the newer version the target already has.
+    pub skipped_for_version: Option<i64>,
     /// Wall time of each phase, in milliseconds.
     pub timings: Timings,
 }
@@ -158,6 +173,15 @@ fn floor_from_json(flow: &Flow, codec: &Codec, json: &str) -> Result<Box<[u8]>> 
     Ok(rows.row(0).data().into())
 }
 
+impl Input<'_> {
+    fn rows(&self) -> usize {
+        match self {
+            Input::Changes(b) => b.num_rows(),
+            Input::Snapshot { rows, .. } => rows.num_rows(),
+        }
+    }
+}
+
 /// One batch resolved, by the resolver the flow uses.
 enum Planned {
     /// SCD Type 1: the winning change per key.
@@ -218,6 +242,8 @@ pub struct Engine {
     hist: History,
     /// `apply_as_truncates`: changes below this sequence (row-encoded) are stale.
     floor: Option<Box<[u8]>>,
+    /// `from_snapshot`: the version of the last snapshot applied.
+    snapshot_version: Option<i64>,
     /// Every live row of the target is in the state (so no equality deletes are needed).
     state_complete: bool,
     generation: i64,
@@ -446,7 +472,9 @@ impl Engine {
             Some(json) => Some(floor_from_json(&flow, &codec, json)?),
             None => None,
         };
+        let snapshot_version = marker.as_ref().and_then(|m| num(m, PROP_SNAPSHOT_VERSION));
         let mut engine = Engine {
+            snapshot_version,
             floor,
             partitioner,
             partitioned_by_keys,
@@ -564,10 +592,53 @@ impl Engine {
         now_ms: i64,
         input_offset: i64,
     ) -> Result<CommitReport> {
+        self.apply_input(Input::Changes(batch), now_ms, input_offset)
+            .await
+    }
+
+    /// `from_snapshot` flows: applies the difference between `rows` (a whole
+    /// snapshot of the source) and the target as changes at `version`. A
+    /// version not above the last one applied is skipped (and reported).
+    pub async fn apply_snapshot_at(
+        &mut self,
+        rows: &RecordBatch,
+        version: i64,
+        now_ms: i64,
+        input_offset: i64,
+    ) -> Result<CommitReport> {
+        if !self.flow.from_snapshot {
+            return Err(Error::Input {
+                code: codes::NOT_A_SNAPSHOT_FLOW,
+                flow: self.flow.name.clone(),
+                message: "this flow takes changes, not snapshots; declare it with from_snapshot = true to send snapshots".into(),
+            });
+        }
+        self.apply_input(Input::Snapshot { rows, version }, now_ms, input_offset)
+            .await
+    }
+
+    /// The version of the last snapshot applied (`from_snapshot` flows).
+    pub fn snapshot_version(&self) -> Option<i64> {
+        self.snapshot_version
+    }
+
+    async fn apply_input(
+        &mut self,
+        input: Input<'_>,
+        now_ms: i64,
+        input_offset: i64,
+    ) -> Result<CommitReport> {
+        if let (Input::Changes(_), true) = (input, self.flow.from_snapshot) {
+            return Err(Error::Input {
+                code: codes::NOT_A_SNAPSHOT_FLOW,
+                flow: self.flow.name.clone(),
+                message: "this flow is from_snapshot: send whole snapshots with a version (POST /v1/flows/{flow}/snapshots?version=V, or autocdc apply --snapshot-version V)".into(),
+            });
+        }
         let mut attempted: Vec<i64> = Vec::new();
         let mut delay = std::time::Duration::from_millis(50);
         loop {
-            let (error, snapshot_id) = match self.try_apply_at(batch, now_ms, input_offset).await {
+            let (error, snapshot_id) = match self.try_apply_at(input, now_ms, input_offset).await {
                 Ok(mut report) => {
                     report.commit_retries = attempted.len() as u32;
                     return Ok(report);
@@ -608,7 +679,7 @@ impl Engine {
 
     async fn try_apply_at(
         &mut self,
-        batch: &RecordBatch,
+        input: Input<'_>,
         now_ms: i64,
         input_offset: i64,
     ) -> std::result::Result<CommitReport, Failure> {
@@ -622,6 +693,54 @@ impl Engine {
             }));
         }
         let mut clock = std::time::Instant::now();
+        let batch = match input {
+            Input::Changes(b) => b,
+            Input::Snapshot { rows, .. } => rows,
+        };
+        let snapshot_version = match input {
+            Input::Snapshot { version, .. } => Some(version),
+            Input::Changes(_) => None,
+        };
+        if let (Some(v), Some(have)) = (snapshot_version, self.snapshot_version)
+            && v <= have
+        {
+            return Ok(CommitReport {
+                stats: BatchStats {
+                    rows_in: batch.num_rows() as u64,
+                    stale: batch.num_rows() as u64,
+                    ..Default::default()
+                },
+                input_offset: self.input_offset,
+                snapshot_version: Some(v),
+                skipped_for_version: Some(have),
+                ..Default::default()
+            });
+        }
+        let diffed = match snapshot_version {
+            Some(version) => {
+                let live: Vec<(&[u8], u64)> = match &self.hc {
+                    Some(_) => self
+                        .hist
+                        .iter()
+                        .filter_map(|(k, e)| e.last().filter(|e| !e.is_delete()).map(|e| (k, e.fp)))
+                        .collect(),
+                    None => self
+                        .state
+                        .iter()
+                        .filter(|e| matches!(e.value, crate::state::Value::Live(_)))
+                        .map(|e| (e.key, e.fingerprint))
+                        .collect(),
+                };
+                Some(from_snapshot::diff(
+                    &self.flow,
+                    &self.codec,
+                    batch,
+                    version,
+                    live.into_iter(),
+                )?)
+            }
+            None => None,
+        };
         let truncated = match &self.flow.truncates {
             Some(_) => {
                 resolve::validate(&self.flow, batch)?;
@@ -650,9 +769,12 @@ impl Engine {
             }
             None => None,
         };
-        let input = batch;
-        let batch = truncated.as_ref().map(|t| &t.batch).unwrap_or(batch);
-        let forced = truncated.as_ref().map(|t| &t.forced_deletes);
+
+        let (batch, forced, origin) = match (&truncated, &diffed) {
+            (Some(t), _) => (&t.batch, Some(&t.forced_deletes), Some(&t.origin)),
+            (_, Some(d)) => (&d.batch, Some(&d.forced_deletes), Some(&d.origin)),
+            _ => (batch, None, None),
+        };
         let planned = match &self.hc {
             Some(hc) => history::resolve(
                 &self.flow,
@@ -676,7 +798,7 @@ impl Engine {
             .map(Planned::Keys),
         };
         // Errors name the row of the input, not of the rewritten batch.
-        let mut planned = planned.map_err(|e| match (e, &truncated) {
+        let mut planned = planned.map_err(|e| match (e, origin) {
             (
                 Error::Batch {
                     code,
@@ -685,19 +807,24 @@ impl Engine {
                     column,
                     message,
                 },
-                Some(t),
+                Some(origin),
             ) => Error::Batch {
                 code,
                 flow,
-                row: t.origin.get(row).copied().flatten().unwrap_or(0) as usize,
+                row: origin.get(row).copied().flatten().unwrap_or(0) as usize,
                 column,
                 message,
             },
             (e, _) => e,
         })?;
+        if let Some(d) = &diffed {
+            let stats = planned.stats_mut();
+            stats.rows_in = input.rows() as u64;
+            stats.unchanged = d.unchanged;
+        }
         if let Some(t) = &truncated {
             let stats = planned.stats_mut();
-            stats.rows_in = input.num_rows() as u64;
+            stats.rows_in = input.rows() as u64;
             stats.stale += t.below_floor;
             stats.truncates = t.truncates;
             stats.deletes -= t.removed;
@@ -710,7 +837,10 @@ impl Engine {
             ..Default::default()
         };
         report.timings.resolve_ms = ms_since(&mut clock);
-        if planned.is_empty() && !floor_raised {
+        report.snapshot_version = snapshot_version;
+        // A raised truncate floor or a new snapshot version is committed
+        // even when no row changes (no files are written then).
+        if planned.is_empty() && !floor_raised && snapshot_version.is_none() {
             return Ok(report);
         }
         self.poisoned = true;
@@ -916,6 +1046,11 @@ impl Engine {
                     )),
                     None => None,
                 })
+                .chain(
+                    snapshot_version
+                        .or(self.snapshot_version)
+                        .map(|v| (PROP_SNAPSHOT_VERSION.to_string(), v.to_string())),
+                )
                 .collect(),
                 now_ms,
             },
@@ -950,6 +1085,9 @@ impl Engine {
         self.input_offset = input_offset;
         if let Some(t) = truncated {
             self.floor = t.floor;
+        }
+        if snapshot_version.is_some() {
+            self.snapshot_version = snapshot_version;
         }
         self.poisoned = false;
         if let Some(map) = &mut self.file_partitions {

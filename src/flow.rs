@@ -24,6 +24,8 @@ const RESERVED: &[&str] = &["__start_at", "__end_at"];
 /// The SCD Type 2 interval columns.
 pub const START_AT: &str = "__START_AT";
 pub const END_AT: &str = "__END_AT";
+/// The hidden sequence column of a `from_snapshot` flow: the snapshot version.
+pub const SNAPSHOT_VERSION: &str = "__autocdc_snapshot_version";
 const RESERVED_PREFIX: &str = "__autocdc";
 
 /// The whole configuration file (`autocdc.toml`).
@@ -276,6 +278,12 @@ pub enum OneOrMany {
     Many(Vec<String>),
 }
 
+impl Default for OneOrMany {
+    fn default() -> Self {
+        OneOrMany::Many(Vec::new())
+    }
+}
+
 impl OneOrMany {
     pub fn to_vec(&self) -> Vec<String> {
         match self {
@@ -315,6 +323,8 @@ pub struct FlowConfig {
     pub target: String,
     pub columns: Vec<ColumnDef>,
     pub keys: Vec<String>,
+    /// Empty for `from_snapshot` flows (the snapshot version orders them).
+    #[serde(default)]
     pub sequence_by: OneOrMany,
     #[serde(default)]
     pub apply_as_deletes: Option<String>,
@@ -331,6 +341,10 @@ pub struct FlowConfig {
     /// except the keys and the sequence columns).
     #[serde(default)]
     pub track_history_except_column_list: Option<Vec<String>>,
+    /// AUTO CDC FROM SNAPSHOT: the input is full snapshots of the source,
+    /// each with a version; autocdc applies the difference to the last one.
+    #[serde(default)]
+    pub from_snapshot: bool,
     /// A null in an upsert keeps the column's current value (partial updates).
     #[serde(default)]
     pub ignore_null_updates: bool,
@@ -384,6 +398,7 @@ pub struct Flow {
     /// Source columns whose change opens a new SCD Type 2 version.
     pub tracked: Vec<usize>,
     pub ignore_null_updates: bool,
+    pub from_snapshot: bool,
     /// Source column index of each target column, in target order.
     pub target_cols: Vec<usize>,
     /// The target's Iceberg schema (field ids 1..n, keys required and identifier fields).
@@ -575,6 +590,9 @@ impl Flow {
             fields.push((i, c.name.clone(), ty, c.required));
         }
         let find = |name: &str, what: &str| -> Result<usize> {
+            if config.from_snapshot && name == SNAPSHOT_VERSION {
+                return Ok(config.columns.len());
+            }
             check_plain(f, name)?;
             config.columns.iter().position(|c| c.name == name).ok_or_else(|| {
                 Error::definition(
@@ -598,7 +616,39 @@ impl Flow {
             .iter()
             .map(|k| find(k, "key"))
             .collect::<Result<Vec<_>>>()?;
-        let seq_names = config.sequence_by.to_vec();
+        let mut seq_names = config.sequence_by.to_vec();
+        if config.from_snapshot {
+            let misplaced = [
+                (
+                    !seq_names.is_empty(),
+                    "sequence_by (the snapshot version orders the changes)",
+                ),
+                (
+                    config.apply_as_deletes.is_some(),
+                    "apply_as_deletes (a key missing from a snapshot is deleted)",
+                ),
+                (config.apply_as_truncates.is_some(), "apply_as_truncates"),
+                (
+                    config.ignore_null_updates,
+                    "ignore_null_updates (a snapshot holds whole rows)",
+                ),
+            ];
+            if let Some((_, what)) = misplaced.iter().find(|m| m.0) {
+                return Err(Error::definition(
+                    f,
+                    codes::INVALID_DEFINITION,
+                    format!("a from_snapshot flow takes no {what}"),
+                ));
+            }
+            // The version, as a hidden sequence column after the declared ones.
+            fields.push((
+                fields.len(),
+                SNAPSHOT_VERSION.to_string(),
+                PrimitiveType::Long,
+                true,
+            ));
+            seq_names.push(SNAPSHOT_VERSION.to_string());
+        }
         if seq_names.is_empty() {
             return Err(Error::definition(
                 f,
@@ -660,9 +710,11 @@ impl Flow {
                     .iter()
                     .map(|c| find(c, "except_column_list"))
                     .collect::<Result<HashSet<_>>>()?;
-                (0..fields.len()).filter(|i| !ex.contains(i)).collect()
+                (0..config.columns.len())
+                    .filter(|i| !ex.contains(i))
+                    .collect()
             }
-            (None, None) => (0..fields.len()).collect(),
+            (None, None) => (0..config.columns.len()).collect(),
         };
         for &k in &key_idx {
             if !target_cols.contains(&k) {
@@ -844,6 +896,7 @@ impl Flow {
         };
         Ok(Flow {
             ignore_null_updates: config.ignore_null_updates,
+            from_snapshot: config.from_snapshot,
             commit,
             name: flow.clone(),
             target,
@@ -870,7 +923,7 @@ impl Flow {
 
     /// Whether source column `i` must not be null.
     pub fn required(&self, i: usize) -> bool {
-        self.config.columns[i].required || self.key_idx.contains(&i)
+        self.config.columns.get(i).is_none_or(|c| c.required) || self.key_idx.contains(&i)
     }
 
     /// Whether the flow keeps change history per key (SCD Type 2 or

@@ -4,6 +4,7 @@
 pub mod error;
 pub mod fault;
 pub mod flow;
+pub mod from_snapshot;
 pub mod ghost_kitchen;
 pub mod history;
 pub mod predicate;

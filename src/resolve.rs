@@ -28,27 +28,34 @@ pub struct Codec {
     pub keys: RowConverter,
     pub seqs: RowConverter,
     all: RowConverter,
+    /// The columns the fingerprint covers: all of them, except the snapshot
+    /// version of a `from_snapshot` flow (so an unchanged row keeps its
+    /// fingerprint from one snapshot to the next).
+    fp_cols: Vec<usize>,
 }
 
 impl Codec {
     pub fn new(flow: &Flow) -> Result<Codec> {
         let field = |i: &usize| SortField::new(flow.source_arrow.field(*i).data_type().clone());
+        let fp_cols: Vec<usize> = (0..flow.source_arrow.fields().len())
+            .filter(|i| !(flow.from_snapshot && flow.seq_idx.contains(i)))
+            .collect();
         Ok(Codec {
             keys: RowConverter::new(flow.key_idx.iter().map(field).collect())?,
             seqs: RowConverter::new(flow.seq_idx.iter().map(field).collect())?,
-            all: RowConverter::new(
-                flow.source_arrow
-                    .fields()
-                    .iter()
-                    .map(|f| SortField::new(f.data_type().clone()))
-                    .collect(),
-            )?,
+            all: RowConverter::new(fp_cols.iter().map(field).collect())?,
+            fp_cols,
         })
     }
 
     /// Fingerprint of each whole change: decides ties the same way everywhere.
     pub fn fingerprints(&self, batch: &RecordBatch) -> Result<Vec<u64>> {
-        let rows = self.all.convert_columns(batch.columns())?;
+        let cols: Vec<ArrayRef> = self
+            .fp_cols
+            .iter()
+            .map(|&i| batch.column(i).clone())
+            .collect();
+        let rows = self.all.convert_columns(&cols)?;
         Ok(rows.iter().map(|r| xxh3_64(r.as_ref())).collect())
     }
 }
@@ -73,6 +80,10 @@ pub struct BatchStats {
     pub truncates: u64,
     /// Live rows the truncates removed.
     pub truncated: u64,
+    /// Snapshots (`from_snapshot`): rows equal to the target's, left alone.
+    /// For a snapshot `rows_in = upserts + unchanged`, and `deletes` counts
+    /// the keys it no longer has.
+    pub unchanged: u64,
 }
 
 impl BatchStats {
@@ -88,6 +99,7 @@ impl BatchStats {
         self.removed_by_key += o.removed_by_key;
         self.truncates += o.truncates;
         self.truncated += o.truncated;
+        self.unchanged += o.unchanged;
     }
 }
 

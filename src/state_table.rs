@@ -61,6 +61,9 @@ pub fn schema(flow: &Flow) -> Result<Schema> {
     };
     let src = |i: usize| -> Result<Type> {
         let name = flow.column_name(i);
+        if flow.from_snapshot && name == crate::flow::SNAPSHOT_VERSION {
+            return Ok(Type::Primitive(PrimitiveType::Long));
+        }
         let c = flow
             .config
             .columns

@@ -1,0 +1,135 @@
+//! AUTO CDC FROM SNAPSHOT: a full snapshot of the source, compared with the
+//! state (keys and row fingerprints), becomes a change feed at the snapshot's
+//! version: new keys and changed rows are upserts, keys missing from the
+//! snapshot are deletes, unchanged rows are left out (so an unchanged
+//! snapshot writes no files).
+//!
+//! Architecture invariant: pure, like `resolve`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, BooleanArray, Int64Array, RecordBatch, UInt32Array};
+use arrow_select::concat::concat;
+use arrow_select::take::take;
+
+use crate::error::{Error, Result};
+use crate::flow::Flow;
+use crate::resolve::{Codec, validate};
+
+pub const DUPLICATE_KEY: &str = "AUTOCDC_SNAPSHOT_DUPLICATE_KEY";
+
+/// A snapshot turned into changes.
+#[derive(Debug)]
+pub struct Diffed {
+    /// Upserts (rows of the snapshot), then the deletes of missing keys.
+    pub batch: RecordBatch,
+    /// Row `i` of `batch` came from row `origin[i]` of the snapshot (deletes: none).
+    pub origin: Vec<Option<u32>>,
+    pub forced_deletes: BooleanArray,
+    pub inserted: u64,
+    pub updated: u64,
+    pub deleted: u64,
+    pub unchanged: u64,
+}
+
+/// `snapshot` in the flow's source schema (the version column is filled in
+/// here); `live` lists (key, fingerprint) of every live key of the state.
+pub fn diff<'a>(
+    flow: &Flow,
+    codec: &Codec,
+    snapshot: &RecordBatch,
+    version: i64,
+    live: impl Iterator<Item = (&'a [u8], u64)>,
+) -> Result<Diffed> {
+    let n = snapshot.num_rows();
+    let seq = *flow
+        .seq_idx
+        .last()
+        .expect("a snapshot flow has its version column");
+    let mut cols = snapshot.columns().to_vec();
+    cols[seq] = Arc::new(Int64Array::from(vec![version; n]));
+    let snapshot = RecordBatch::try_new(snapshot.schema(), cols)?;
+    validate(flow, &snapshot)?;
+    let key_cols: Vec<ArrayRef> = flow
+        .key_idx
+        .iter()
+        .map(|&i| snapshot.column(i).clone())
+        .collect();
+    let keys = codec.keys.convert_columns(&key_cols)?;
+    let fps = codec.fingerprints(&snapshot)?;
+    let live: HashMap<&[u8], u64> = live.collect();
+    let mut seen: HashMap<&[u8], usize> = HashMap::with_capacity(n);
+    let (mut inserted, mut updated, mut unchanged) = (0, 0, 0);
+    let mut keep = Vec::new();
+    for (i, &fp) in fps.iter().enumerate() {
+        let k = keys.row(i).data();
+        if let Some(first) = seen.insert(k, i) {
+            return Err(Error::Batch {
+                code: DUPLICATE_KEY,
+                flow: flow.name.clone(),
+                row: i,
+                column: flow
+                    .key_idx
+                    .iter()
+                    .map(|&c| flow.column_name(c))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                message: format!(
+                    "the snapshot has this key twice (first at row {first}); a snapshot holds one row per key"
+                ),
+            });
+        }
+        match live.get(k) {
+            Some(&old) if old == fp => unchanged += 1,
+            Some(_) => {
+                updated += 1;
+                keep.push(i as u32);
+            }
+            None => {
+                inserted += 1;
+                keep.push(i as u32);
+            }
+        }
+    }
+    let present: HashSet<&[u8]> = seen.into_keys().collect();
+    let mut gone: Vec<&[u8]> = live
+        .keys()
+        .copied()
+        .filter(|k| !present.contains(k))
+        .collect();
+    gone.sort_unstable();
+
+    let idx = UInt32Array::from(keep.clone());
+    let mut cols: Vec<ArrayRef> = snapshot
+        .columns()
+        .iter()
+        .map(|c| take(c.as_ref(), &idx, None))
+        .collect::<std::result::Result<_, _>>()?;
+    if !gone.is_empty() {
+        let kp = codec.keys.parser();
+        let gone_keys = codec.keys.convert_rows(gone.iter().map(|k| kp.parse(k)))?;
+        for (c, col) in cols.iter_mut().enumerate() {
+            let extra: ArrayRef = if let Some(k) = flow.key_idx.iter().position(|&i| i == c) {
+                gone_keys[k].clone()
+            } else if c == seq {
+                Arc::new(Int64Array::from(vec![version; gone.len()]))
+            } else {
+                arrow_array::new_null_array(col.data_type(), gone.len())
+            };
+            *col = concat(&[col.as_ref(), extra.as_ref()])?;
+        }
+    }
+    let mut origin: Vec<Option<u32>> = keep.iter().map(|&i| Some(i)).collect();
+    origin.extend(std::iter::repeat_n(None, gone.len()));
+    let forced_deletes: BooleanArray = origin.iter().map(|o| Some(o.is_none())).collect();
+    Ok(Diffed {
+        batch: RecordBatch::try_new(snapshot.schema(), cols)?,
+        origin,
+        forced_deletes,
+        inserted,
+        updated,
+        deleted: gone.len() as u64,
+        unchanged,
+    })
+}
