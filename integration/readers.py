@@ -3,6 +3,11 @@ the expected rows: DuckDB's iceberg extension (position and equality deletes)
 and PyIceberg 0.12 (position deletes only: it raises on equality deletes, so
 reading a table proves autocdc wrote none where positions were known).
 
+Each DIR/expected/*.json names a table's metadata file, the columns to read
+and the expected rows, every value rendered as text (NULL for a null): the
+SCD Type 1 battery, and the history tables, whose columns include SCD Type
+2's __START_AT / __END_AT (__END_AT NULL on the current version).
+
 usage: readers.py E2E_OUT_DIR [GHOST_KITCHEN_INPUT_DIR GHOST_KITCHEN_METADATA]
 """
 
@@ -43,10 +48,31 @@ def rows_pyiceberg(metadata, columns):
     return sorted(tuple(fmt(v) for v in r) for r in zip(*cols))
 
 
+def interval_violations(con, metadata, keys):
+    """SCD Type 2 tables, independently of the expected rows: per key, the
+    versions' [__START_AT, __END_AT) intervals are non-empty and disjoint,
+    and at most one version is open (__END_AT NULL)."""
+    on = " AND ".join(f'a."{k}" = b."{k}"' for k in keys)
+    by = ", ".join(f'"{k}"' for k in keys)
+    scan = f"iceberg_scan('{metadata}')"
+    return con.execute(
+        f"""SELECT
+              (SELECT count(*) FROM {scan} WHERE "__END_AT" <= "__START_AT"),
+              (SELECT count(*) FROM (SELECT count(*) FILTER (WHERE "__END_AT" IS NULL) AS open
+                                     FROM {scan} GROUP BY {by} HAVING open > 1)),
+              (SELECT count(*) FROM {scan} a JOIN {scan} b ON {on}
+                 AND a."__START_AT" < b."__START_AT"
+                 AND (a."__END_AT" IS NULL OR b."__START_AT" < a."__END_AT"))
+              + (SELECT count(*) FROM (SELECT 1 FROM {scan} GROUP BY {by}, "__START_AT"
+                                       HAVING count(*) > 1))"""
+    ).fetchone()
+
+
 def main():
     out = sys.argv[1]
     con = duck()
     failures = 0
+    interval_checks = 0
     cases = sorted(glob.glob(os.path.join(out, "expected", "*.json")))
     if not cases:
         sys.exit(f"no expected tables under {out}/expected")
@@ -62,6 +88,13 @@ def main():
             print(f"{'ok  ' if ok else 'FAIL'} {reader:9} {case['name']} ({len(got)} rows)")
             if not ok:
                 print(f"     want {want[:10]}\n     got  {got[:10]}")
+        if "__END_AT" in case["columns"]:
+            empty, open_, overlaps = interval_violations(con, case["metadata"], case["keys"])
+            ok = (empty, open_, overlaps) == (0, 0, 0)
+            failures += not ok
+            interval_checks += 1
+            print(f"{'ok  ' if ok else 'FAIL'} {'duckdb':9} {case['name']} intervals: "
+                  f"{empty} empty, {open_} keys with several open versions, {overlaps} overlaps")
     gk_checks = 0
     for metadata in sys.argv[3:]:
         inp = sys.argv[2]
@@ -85,7 +118,7 @@ def main():
             print(f"{'ok  ' if ok else 'FAIL'} {reader:9} ghost kitchen {table} vs SQL oracle ({len(got)} rows, oracle {len(want)})")
     if failures:
         sys.exit(f"{failures} reader checks failed")
-    print(f"readers: {len(cases) * 2 + gk_checks} passed, 0 failed")
+    print(f"readers: {len(cases) * 2 + interval_checks + gk_checks} passed, 0 failed")
 
 
 if __name__ == "__main__":

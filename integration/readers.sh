@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Writes the SCD Type 1 battery (through the end-to-end test) and a
-# ~100k-event ghost-kitchen feed (through `autocdc apply`) into Hadoop-catalog
-# warehouses, then reads every table with DuckDB's iceberg extension and with
-# PyIceberg and compares with the expected rows / an SQL oracle.
+# Writes the SCD Type 1 battery and two history tables (SCD Type 2 with
+# __START_AT/__END_AT, and SCD Type 1 with ignore_null_updates) through the
+# end-to-end tests, and a ~100k-event ghost-kitchen feed (through `autocdc
+# apply`), into Hadoop-catalog warehouses, then reads every table with
+# DuckDB's iceberg extension and with PyIceberg and compares with the
+# expected rows / an SQL oracle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${CARGO_TARGET_DIR:=$HOME/.cache/autocdc-target}"
@@ -11,7 +13,8 @@ py=${AUTOCDC_PY:-$HOME/.cache/autocdc-venv/bin/python}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-AUTOCDC_E2E_OUT="$out" cargo nextest run --no-fail-fast --test e2e -E 'test(battery_through_the_hadoop_catalog)'
+AUTOCDC_E2E_OUT="$out" cargo nextest run --no-fail-fast --test e2e \
+  -E 'test(battery_through_the_hadoop_catalog) | test(people_through_the_hadoop_catalog)'
 
 cargo build --quiet --bin autocdc
 bin="$CARGO_TARGET_DIR/debug/autocdc"

@@ -19,6 +19,56 @@ use crate::resolve::{Codec, validate};
 
 pub const DUPLICATE_KEY: &str = "AUTOCDC_SNAPSHOT_DUPLICATE_KEY";
 
+/// `snapshot` with its version column set to `version`.
+pub fn with_version(flow: &Flow, snapshot: &RecordBatch, version: i64) -> Result<RecordBatch> {
+    let seq = *flow
+        .seq_idx
+        .last()
+        .expect("a snapshot flow has its version column");
+    let mut cols = snapshot.columns().to_vec();
+    cols[seq] = Arc::new(Int64Array::from(vec![version; snapshot.num_rows()]));
+    Ok(RecordBatch::try_new(snapshot.schema(), cols)?)
+}
+
+/// Rejects a snapshot with a null key or a key twice (at ingest, before it
+/// is logged). Returns it with its version column set.
+pub fn check(flow: &Flow, snapshot: &RecordBatch, version: i64) -> Result<RecordBatch> {
+    let codec = Codec::new(flow)?;
+    let snapshot = with_version(flow, snapshot, version)?;
+    validate(flow, &snapshot)?;
+    let key_cols: Vec<ArrayRef> = flow
+        .key_idx
+        .iter()
+        .map(|&i| snapshot.column(i).clone())
+        .collect();
+    let keys = codec.keys.convert_columns(&key_cols)?;
+    let mut seen: HashMap<&[u8], usize> = HashMap::with_capacity(snapshot.num_rows());
+    for i in 0..snapshot.num_rows() {
+        if let Some(first) = seen.insert(keys.row(i).data(), i) {
+            return Err(duplicate(flow, i, first));
+        }
+    }
+    drop(seen);
+    Ok(snapshot)
+}
+
+fn duplicate(flow: &Flow, row: usize, first: usize) -> Error {
+    Error::Batch {
+        code: DUPLICATE_KEY,
+        flow: flow.name.clone(),
+        row,
+        column: flow
+            .key_idx
+            .iter()
+            .map(|&c| flow.column_name(c))
+            .collect::<Vec<_>>()
+            .join(","),
+        message: format!(
+            "the snapshot has this key twice (first at row {first}); a snapshot holds one row per key"
+        ),
+    }
+}
+
 /// A snapshot turned into changes.
 #[derive(Debug)]
 pub struct Diffed {
@@ -59,26 +109,13 @@ pub fn diff<'a>(
     let keys = codec.keys.convert_columns(&key_cols)?;
     let fps = codec.fingerprints(&snapshot)?;
     let live: HashMap<&[u8], u64> = live.collect();
-    let mut seen: HashMap<&[u8], usize> = HashMap::with_capacity(n);
+    let mut seen: HashMap<&[u8], usize> = HashMap::with_capacity(snapshot.num_rows());
     let (mut inserted, mut updated, mut unchanged) = (0, 0, 0);
     let mut keep = Vec::new();
     for (i, &fp) in fps.iter().enumerate() {
         let k = keys.row(i).data();
         if let Some(first) = seen.insert(k, i) {
-            return Err(Error::Batch {
-                code: DUPLICATE_KEY,
-                flow: flow.name.clone(),
-                row: i,
-                column: flow
-                    .key_idx
-                    .iter()
-                    .map(|&c| flow.column_name(c))
-                    .collect::<Vec<_>>()
-                    .join(","),
-                message: format!(
-                    "the snapshot has this key twice (first at row {first}); a snapshot holds one row per key"
-                ),
-            });
+            return Err(duplicate(flow, i, first));
         }
         match live.get(k) {
             Some(&old) if old == fp => unchanged += 1,

@@ -205,18 +205,43 @@ impl History {
         self.dirty.clear();
     }
 
-    /// SCD Type 1: drops keys whose only event is a delete committed before
-    /// `cutoff_ms`. Returns how many.
+    /// SCD Type 1: forgets keys whose latest change is a delete committed
+    /// before `cutoff_ms` (like a collected tombstone: a late older change
+    /// for the key is applied again). Returns how many.
     pub fn gc_tombstones(&mut self, cutoff_ms: i64) -> usize {
         let before = self.keys.len();
         let mut dropped = 0;
         self.keys.retain(|_, e| {
-            let gone = e.len() == 1 && e[0].deleted_at_ms.is_some_and(|t| t < cutoff_ms);
-            dropped += gone as usize;
+            let gone = e
+                .last()
+                .and_then(|e| e.deleted_at_ms)
+                .is_some_and(|t| t < cutoff_ms);
+            if gone {
+                dropped += e.len();
+            }
             !gone
         });
         self.events -= dropped;
         before - self.keys.len()
+    }
+
+    /// An estimate of the memory the history holds.
+    pub fn heap_bytes(&self) -> usize {
+        self.keys
+            .iter()
+            .map(|(k, events)| {
+                k.len()
+                    + 64
+                    + events
+                        .iter()
+                        .map(|e| {
+                            std::mem::size_of::<Event>()
+                                + e.seq.len()
+                                + e.vals.iter().map(|v| v.len() + 16).sum::<usize>()
+                        })
+                        .sum::<usize>()
+            })
+            .sum()
     }
 }
 
@@ -411,7 +436,8 @@ pub fn resolve(
         |idx: &[usize]| -> Vec<ArrayRef> { idx.iter().map(|&i| batch.column(i).clone()).collect() };
     let keys = codec.keys.convert_columns(&cols(&flow.key_idx))?;
     let seqs = codec.seqs.convert_columns(&cols(&flow.seq_idx))?;
-    let fps = codec.fingerprints(batch)?;
+    let mut fps = codec.fingerprints(batch)?;
+    crate::resolve::sentinel_fingerprints(&mut fps, forced_deletes);
     let vals = hc.encode(batch)?;
     let is_delete = mask(flow, flow.deletes.as_ref(), batch)?;
     let deleted = |i: usize| {
@@ -455,17 +481,22 @@ pub fn resolve(
                 loc: None,
             };
             if let Some(e) = events.get(at).filter(|e| &*e.seq == seq) {
-                if e.fp == fp {
+                let (old_fp, truncated) =
+                    (e.fp, e.fp == crate::resolve::TRUNCATED_FP && e.is_delete());
+                if truncated {
+                    // A truncate's delete loses to any change at its sequence.
+                } else if old_fp == fp {
                     plan.stats.duplicates += 1;
                     continue;
-                }
-                if flow.on_tie == TiePolicy::Error {
-                    return Err(tie_error(flow, i));
-                }
-                plan.stats.ties += 1;
-                if fp < e.fp {
-                    plan.stats.tie_losers += 1;
-                    continue;
+                } else {
+                    if flow.on_tie == TiePolicy::Error {
+                        return Err(tie_error(flow, i));
+                    }
+                    plan.stats.ties += 1;
+                    if fp < old_fp {
+                        plan.stats.tie_losers += 1;
+                        continue;
+                    }
                 }
                 events[at] = event;
             } else {

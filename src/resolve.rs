@@ -177,6 +177,20 @@ pub fn validate(flow: &Flow, batch: &RecordBatch) -> Result<()> {
     Ok(())
 }
 
+/// The fingerprint of the deletes autocdc makes (a truncate's, a key missing
+/// from a snapshot): a change at the same sequence always wins over them.
+pub const TRUNCATED_FP: u64 = 0;
+
+pub(crate) fn sentinel_fingerprints(fps: &mut [u64], forced: Option<&arrow_array::BooleanArray>) {
+    if let Some(f) = forced {
+        for (i, fp) in fps.iter_mut().enumerate() {
+            if f.value(i) {
+                *fp = TRUNCATED_FP;
+            }
+        }
+    }
+}
+
 /// The error for two different changes of one key with one sequence under
 /// `on_sequence_tie = "error"`.
 pub(crate) fn tie_error(flow: &Flow, row: usize) -> Error {
@@ -233,7 +247,8 @@ pub fn resolve(
         .collect();
     let keys = codec.keys.convert_columns(&key_cols)?;
     let seqs = codec.seqs.convert_columns(&seq_cols)?;
-    let fingerprints = codec.fingerprints(batch)?;
+    let mut fingerprints = codec.fingerprints(batch)?;
+    sentinel_fingerprints(&mut fingerprints, forced_deletes);
     let hashes: Vec<u64> = keys.iter().map(|k| hash_key(k.as_ref())).collect();
     let is_delete = mask(flow, flow.deletes.as_ref(), batch)?;
     let deleted = |i: usize| {
@@ -296,6 +311,10 @@ pub fn resolve(
                     stats.stale += 1;
                     continue;
                 }
+                // A truncate's delete loses to any change at its sequence.
+                Ordering::Equal
+                    if e.fingerprint == TRUNCATED_FP
+                        && matches!(e.value, Value::Tombstone { .. }) => {}
                 Ordering::Equal if fp == e.fingerprint => {
                     stats.duplicates += 1;
                     continue;

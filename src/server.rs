@@ -31,6 +31,7 @@ impl From<Error> for ApiError {
         let status = match &e {
             Error::Batch { code, .. }
                 if *code == codes::NULL_KEY
+                    || *code == crate::from_snapshot::DUPLICATE_KEY
                     || *code == codes::NULL_SEQUENCE
                     || *code == codes::SEQUENCE_TIE =>
             {
@@ -123,6 +124,7 @@ pub fn router(service: Arc<Service>) -> Router {
             get(get_flow).put(put_flow).delete(delete_flow),
         )
         .route("/v1/flows/{flow}/changes", post(post_changes))
+        .route("/v1/flows/{flow}/snapshots", post(post_snapshots))
         .route("/v1/flows/{flow}/commit", post(post_commit))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(
@@ -152,6 +154,7 @@ async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
     ),
     paths(
         post_changes,
+        post_snapshots,
         post_commit,
         list_flows,
         get_flow,
@@ -163,6 +166,7 @@ async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
         openapi_json
     ),
     components(schemas(
+        SnapshotResponse,
         ChangesResponse,
         CommitResponse,
         ErrorResponse,
@@ -265,6 +269,33 @@ pub struct ChangesResponse {
     pub snapshot_id: Option<Option<i64>>,
 }
 
+#[derive(Deserialize)]
+struct SnapshotQuery {
+    version: Option<i64>,
+    wait: Option<String>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct SnapshotResponse {
+    /// Rows in the snapshot (0 when skipped).
+    pub accepted: usize,
+    /// The snapshot's offset in the flow's log.
+    pub offset: i64,
+    /// True when the Idempotency-Key was seen before.
+    pub duplicate: bool,
+    pub version: i64,
+    /// True when `version` is not above the highest version accepted: nothing
+    /// was logged and nothing will be applied.
+    pub skipped: bool,
+    /// The highest version accepted before this push.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<i64>,
+    /// With `?wait=commit`: the snapshot that contains the changes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<i64>)]
+    pub snapshot_id: Option<Option<i64>>,
+}
+
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct CommitResponse {
     /// The snapshot committed, or null when nothing was pending.
@@ -295,41 +326,12 @@ fn view(rt: &crate::service::FlowRuntime) -> FlowView {
     }
 }
 
-/// Push a batch of changes. Validated whole, then made durable and acknowledged.
-#[utoipa::path(
-    post,
-    path = "/v1/flows/{flow}/changes",
-    params(
-        ("flow" = String, Path, description = "flow name"),
-        ("wait" = Option<String>, Query, description = "`commit`: answer once the batch is committed"),
-        ("Idempotency-Key" = Option<String>, Header, description = "a retry with the same key is acknowledged with the same offset and applied once"),
-    ),
-    request_body(description = "the changes, in the flow's columns", content(
-        ("application/x-ndjson"),
-        (Vec<Object> = "application/json"),
-        ("application/vnd.apache.arrow.stream"),
-    )),
-    responses(
-        (status = 202, description = "durable in the flow's log", body = ChangesResponse),
-        (status = 200, description = "with ?wait=commit: committed", body = ChangesResponse),
-        (status = 400, description = "malformed body, unknown column or wrong type (row and column given)", body = ErrorResponse),
-        (status = 413, description = "body over server.max_body_bytes"),
-        (status = 415, description = "unsupported content type", body = ErrorResponse),
-        (status = 422, description = "null key or sequence (row and column given)", body = ErrorResponse),
-        (status = 429, description = "over max_uncommitted_bytes; see Retry-After", body = ErrorResponse),
-        (status = 504, description = "with ?wait=commit: durable, not yet committed", body = ErrorResponse),
-        (status = 401, description = "missing or unknown token", body = ErrorResponse), (status = 403, description = "token not allowed on this flow", body = ErrorResponse), (status = 404, description = "unknown flow", body = ErrorResponse), (status = 503, description = "recovering or stopping", body = ErrorResponse)
-    )
-)]
-async fn post_changes(
-    State(service): State<Arc<Service>>,
-    Path(flow): Path<String>,
-    Query(q): Query<ChangesQuery>,
-    headers: HeaderMap,
+/// The body of a push in the flow's source schema, and its Idempotency-Key.
+async fn decode_body(
+    rt: &Arc<crate::service::FlowRuntime>,
+    headers: &HeaderMap,
     body: Bytes,
-) -> ApiResult<Response> {
-    authorize(&service, &headers, Some(&flow))?;
-    let rt = service.flow(&flow)?;
+) -> ApiResult<(arrow_array::RecordBatch, Option<String>)> {
     let ctype = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -376,28 +378,48 @@ async fn post_changes(
             "Idempotency-Key is longer than 200 bytes",
         ));
     }
+    Ok((batch, key))
+}
+
+/// Push a batch of changes. Validated whole, then made durable and acknowledged.
+#[utoipa::path(
+    post,
+    path = "/v1/flows/{flow}/changes",
+    params(
+        ("flow" = String, Path, description = "flow name"),
+        ("wait" = Option<String>, Query, description = "`commit`: answer once the batch is committed"),
+        ("Idempotency-Key" = Option<String>, Header, description = "a retry with the same key is acknowledged with the same offset and applied once"),
+    ),
+    request_body(description = "the changes, in the flow's columns", content(
+        ("application/x-ndjson"),
+        (Vec<Object> = "application/json"),
+        ("application/vnd.apache.arrow.stream"),
+    )),
+    responses(
+        (status = 202, description = "durable in the flow's log", body = ChangesResponse),
+        (status = 200, description = "with ?wait=commit: committed", body = ChangesResponse),
+        (status = 400, description = "malformed body, unknown column or wrong type (row and column given)", body = ErrorResponse),
+        (status = 413, description = "body over server.max_body_bytes"),
+        (status = 415, description = "unsupported content type", body = ErrorResponse),
+        (status = 422, description = "null key or sequence (row and column given)", body = ErrorResponse),
+        (status = 429, description = "over max_uncommitted_bytes; see Retry-After", body = ErrorResponse),
+        (status = 504, description = "with ?wait=commit: durable, not yet committed", body = ErrorResponse),
+        (status = 401, description = "missing or unknown token", body = ErrorResponse), (status = 403, description = "token not allowed on this flow", body = ErrorResponse), (status = 404, description = "unknown flow", body = ErrorResponse), (status = 503, description = "recovering or stopping", body = ErrorResponse)
+    )
+)]
+async fn post_changes(
+    State(service): State<Arc<Service>>,
+    Path(flow): Path<String>,
+    Query(q): Query<ChangesQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    authorize(&service, &headers, Some(&flow))?;
+    let rt = service.flow(&flow)?;
+    let (batch, key) = decode_body(&rt, &headers, body).await?;
     let accepted = service.ingest(&rt, batch, key).await?;
     if q.wait.as_deref() == Some("commit") {
-        let mut rx = rt.subscribe();
-        rt.commit_soon();
-        let timeout = service
-            .config
-            .request_timeout()
-            .unwrap_or(Duration::from_secs(60));
-        let done = tokio::time::timeout(timeout, rx.wait_for(|c| c.offset >= accepted.offset))
-            .await
-            .map_err(|_| {
-                plain(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "AUTOCDC_COMMIT_TIMEOUT",
-                    format!(
-                        "batch {} is durable but not committed within {timeout:?}; it will be",
-                        accepted.offset
-                    ),
-                )
-            })?
-            .map_err(|_| ApiError::from(Error::Unavailable("the flow stopped".into())))?;
-        let snapshot_id = done.snapshot_id;
+        let snapshot_id = wait_for_commit(&service, &rt, accepted.offset).await?;
         return Ok((
             StatusCode::OK,
             Json(ChangesResponse {
@@ -419,6 +441,97 @@ async fn post_changes(
         }),
     )
         .into_response())
+}
+
+/// Push a whole snapshot of the source (`from_snapshot` flows). Its
+/// difference to the target is applied as changes at `version`.
+#[utoipa::path(
+    post,
+    path = "/v1/flows/{flow}/snapshots",
+    params(
+        ("flow" = String, Path, description = "flow name"),
+        ("version" = i64, Query, description = "the snapshot's version; versions must increase"),
+        ("wait" = Option<String>, Query, description = "`commit`: answer once the snapshot is committed"),
+        ("Idempotency-Key" = Option<String>, Header, description = "a retry with the same key is acknowledged with the same offset and applied once"),
+    ),
+    request_body(description = "every row of the source, in the flow's columns", content(
+        ("application/x-ndjson"),
+        (Vec<Object> = "application/json"),
+        ("application/vnd.apache.arrow.stream"),
+    )),
+    responses(
+        (status = 202, description = "durable in the flow's log", body = SnapshotResponse),
+        (status = 200, description = "skipped (an older or repeated version), or with ?wait=commit: committed", body = SnapshotResponse),
+        (status = 400, description = "no version, not a from_snapshot flow, malformed body, unknown column or wrong type", body = ErrorResponse),
+        (status = 422, description = "null key, or a key twice (row and column given)", body = ErrorResponse),
+        (status = 429, description = "over max_uncommitted_bytes; see Retry-After", body = ErrorResponse),
+        (status = 504, description = "with ?wait=commit: durable, not yet committed", body = ErrorResponse),
+        (status = 401, description = "missing or unknown token", body = ErrorResponse), (status = 403, description = "token not allowed on this flow", body = ErrorResponse), (status = 404, description = "unknown flow", body = ErrorResponse), (status = 503, description = "recovering or stopping", body = ErrorResponse)
+    )
+)]
+async fn post_snapshots(
+    State(service): State<Arc<Service>>,
+    Path(flow): Path<String>,
+    Query(q): Query<SnapshotQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    authorize(&service, &headers, Some(&flow))?;
+    let rt = service.flow(&flow)?;
+    let Some(version) = q.version else {
+        return Err(plain(
+            StatusCode::BAD_REQUEST,
+            "AUTOCDC_SNAPSHOT_VERSION_REQUIRED",
+            "a snapshot needs its version: POST /v1/flows/{flow}/snapshots?version=V (versions must increase)",
+        ));
+    };
+    let (batch, key) = decode_body(&rt, &headers, body).await?;
+    let accepted = service.ingest_snapshot(&rt, batch, version, key).await?;
+    let mut answer = SnapshotResponse {
+        accepted: accepted.accepted,
+        offset: accepted.offset,
+        duplicate: accepted.duplicate,
+        version,
+        skipped: accepted.skipped_for_version.is_some(),
+        current_version: accepted.skipped_for_version,
+        snapshot_id: None,
+    };
+    if answer.skipped {
+        return Ok((StatusCode::OK, Json(answer)).into_response());
+    }
+    if q.wait.as_deref() == Some("commit") {
+        answer.snapshot_id = Some(wait_for_commit(&service, &rt, accepted.offset).await?);
+        return Ok((StatusCode::OK, Json(answer)).into_response());
+    }
+    Ok((StatusCode::ACCEPTED, Json(answer)).into_response())
+}
+
+/// Waits (up to the request timeout) until the flow has applied `offset`;
+/// returns the snapshot that holds it.
+async fn wait_for_commit(
+    service: &Service,
+    rt: &crate::service::FlowRuntime,
+    offset: i64,
+) -> ApiResult<Option<i64>> {
+    let mut rx = rt.subscribe();
+    rt.commit_soon();
+    let timeout = service
+        .config
+        .request_timeout()
+        .unwrap_or(Duration::from_secs(60));
+    let done = tokio::time::timeout(timeout, rx.wait_for(|c| c.offset >= offset))
+        .await
+        .map_err(|_| {
+            plain(
+                StatusCode::GATEWAY_TIMEOUT,
+                "AUTOCDC_COMMIT_TIMEOUT",
+                format!(
+                    "batch {offset} is durable but not committed within {timeout:?}; it will be"
+                ),
+            )
+        })?
+        .map_err(|_| ApiError::from(Error::Unavailable("the flow stopped".into())))?;
+    Ok(done.snapshot_id)
 }
 
 /// Commit what is pending now.

@@ -69,6 +69,8 @@ pub struct FlowStatus {
     pub last_error: Option<String>,
     pub degraded: bool,
     pub commit_ms_total: f64,
+    /// `from_snapshot` flows: the highest snapshot version accepted (committed or pending).
+    pub snapshot_version: Option<i64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -84,11 +86,44 @@ pub struct Accepted {
     pub offset: i64,
     /// The idempotency key was seen before; nothing new was appended.
     pub duplicate: bool,
+    /// A snapshot whose version is not above this one (already accepted) was
+    /// skipped: nothing was logged.
+    pub skipped_for_version: Option<i64>,
 }
 
 struct Pending {
     batch: RecordBatch,
     bytes: u64,
+    /// `from_snapshot` flows: the snapshot's version.
+    version: Option<i64>,
+}
+
+/// The log record of a snapshot: a marker, the version, then the rows as
+/// Arrow IPC. A change batch is the Arrow IPC stream alone.
+const SNAPSHOT_MAGIC: &[u8; 8] = b"ACDCSNAP";
+
+fn encode_record(batch: &RecordBatch, version: Option<i64>) -> Result<Bytes> {
+    let ipc = input::encode_arrow_ipc(batch)?;
+    Ok(match version {
+        None => Bytes::from(ipc),
+        Some(v) => {
+            let mut out = Vec::with_capacity(16 + ipc.len());
+            out.extend_from_slice(SNAPSHOT_MAGIC);
+            out.extend_from_slice(&v.to_le_bytes());
+            out.extend_from_slice(&ipc);
+            Bytes::from(out)
+        }
+    })
+}
+
+fn decode_record(flow: &Flow, payload: &[u8]) -> Result<(RecordBatch, Option<i64>)> {
+    match payload.strip_prefix(SNAPSHOT_MAGIC.as_slice()) {
+        Some(rest) if rest.len() >= 8 => {
+            let v = i64::from_le_bytes(rest[..8].try_into().expect("8 bytes"));
+            Ok((input::decode_arrow_ipc(flow, &rest[8..])?, Some(v)))
+        }
+        _ => Ok((input::decode_arrow_ipc(flow, payload)?, None)),
+    }
 }
 
 struct Inner {
@@ -297,15 +332,18 @@ impl Service {
         let mut pending = BTreeMap::new();
         let mut bytes_total = 0;
         let mut rows_total = 0;
+        let mut snapshot_version = engine.snapshot_version();
         for r in &records {
-            let batch = input::decode_arrow_ipc(&flow, &r.payload)?;
+            let (batch, version) = decode_record(&flow, &r.payload)?;
             rows_total += batch.num_rows() as u64;
             bytes_total += r.payload.len() as u64;
+            snapshot_version = snapshot_version.max(version);
             pending.insert(
                 r.offset,
                 Pending {
                     batch,
                     bytes: r.payload.len() as u64,
+                    version,
                 },
             );
         }
@@ -323,6 +361,7 @@ impl Service {
             pending_bytes: bytes_total,
             state_keys: summary.keys,
             state_tombstones: summary.tombstones,
+            snapshot_version,
             ..Default::default()
         };
         let (committed_tx, _) = watch::channel(Committed {
@@ -361,6 +400,73 @@ impl Service {
         batch: RecordBatch,
         key: Option<String>,
     ) -> Result<Accepted> {
+        if rt.flow.from_snapshot {
+            rt.lock().status.rejected_batches += 1;
+            return Err(Error::Input {
+                code: codes::NOT_A_SNAPSHOT_FLOW,
+                flow: rt.flow.name.clone(),
+                message: "this flow is from_snapshot: send whole snapshots to POST /v1/flows/{flow}/snapshots?version=V".into(),
+            });
+        }
+        self.append(rt, batch, key, None).await
+    }
+
+    /// `from_snapshot` flows: validates a whole snapshot, makes it durable and
+    /// queues it. A version not above the highest accepted one is skipped.
+    pub async fn ingest_snapshot(
+        &self,
+        rt: &FlowRuntime,
+        batch: RecordBatch,
+        version: i64,
+        key: Option<String>,
+    ) -> Result<Accepted> {
+        if !rt.flow.from_snapshot {
+            rt.lock().status.rejected_batches += 1;
+            return Err(Error::Input {
+                code: codes::NOT_A_SNAPSHOT_FLOW,
+                flow: rt.flow.name.clone(),
+                message: "this flow takes changes (POST /v1/flows/{flow}/changes); declare it with from_snapshot = true to send snapshots".into(),
+            });
+        }
+        let batch = match crate::from_snapshot::check(&rt.flow, &batch, version) {
+            Ok(b) => b,
+            Err(e) => {
+                rt.lock().status.rejected_batches += 1;
+                return Err(e);
+            }
+        };
+        // Reserve the version, so that two pushes of one version log it once.
+        let before = {
+            let mut inner = rt.lock();
+            let have = inner.status.snapshot_version;
+            if let Some(have) = have.filter(|&h| version <= h) {
+                return Ok(Accepted {
+                    accepted: 0,
+                    offset: inner.status.applied_offset,
+                    duplicate: false,
+                    skipped_for_version: Some(have),
+                });
+            }
+            inner.status.snapshot_version = Some(version);
+            have
+        };
+        let res = self.append(rt, batch, key, Some(version)).await;
+        if res.is_err() {
+            let mut inner = rt.lock();
+            if inner.status.snapshot_version == Some(version) {
+                inner.status.snapshot_version = before;
+            }
+        }
+        res
+    }
+
+    async fn append(
+        &self,
+        rt: &FlowRuntime,
+        batch: RecordBatch,
+        key: Option<String>,
+        version: Option<i64>,
+    ) -> Result<Accepted> {
         if let Err(e) = resolve::validate(&rt.flow, &batch) {
             rt.lock().status.rejected_batches += 1;
             return Err(e);
@@ -371,7 +477,7 @@ impl Service {
                 rt.flow.name
             )));
         }
-        let payload = Bytes::from(input::encode_arrow_ipc(&batch)?);
+        let payload = encode_record(&batch, version)?;
         let bytes = payload.len() as u64;
         {
             let inner = rt.lock();
@@ -395,9 +501,14 @@ impl Service {
                 inner.status.accepted_batches += 1;
                 // A retry of a batch that is already committed and released is not re-queued.
                 if appended.offset > inner.status.applied_offset {
-                    inner
-                        .pending
-                        .insert(appended.offset, Pending { batch, bytes });
+                    inner.pending.insert(
+                        appended.offset,
+                        Pending {
+                            batch,
+                            bytes,
+                            version,
+                        },
+                    );
                     inner.status.pending_batches += 1;
                     inner.status.pending_rows += rows as u64;
                     inner.status.pending_bytes += bytes;
@@ -413,6 +524,7 @@ impl Service {
             accepted: rows,
             offset: appended.offset,
             duplicate: appended.duplicate,
+            skipped_for_version: None,
         })
     }
 }
@@ -492,14 +604,16 @@ async fn commit_once(
         let mut batches = Vec::new();
         while let Some(p) = inner.pending.get(&next) {
             if !batches.is_empty()
-                && (rows + p.batch.num_rows() as u64 > rt.flow.commit.max_rows
+                && (rt.flow.from_snapshot
+                    || rows + p.batch.num_rows() as u64 > rt.flow.commit.max_rows
                     || bytes + p.bytes > rt.flow.commit.max_bytes)
             {
+                // A snapshot is applied on its own.
                 break;
             }
             rows += p.batch.num_rows() as u64;
             bytes += p.bytes;
-            batches.push(p.batch.clone());
+            batches.push((p.batch.clone(), p.version));
             next += 1;
         }
         (batches, next - 1, bytes)
@@ -509,17 +623,39 @@ async fn commit_once(
     }
     let n = batches.len();
     let first = last + 1 - n as i64;
-    let batch = arrow_select::concat::concat_batches(&rt.flow.source_arrow, &batches)?;
     let started = std::time::Instant::now();
     let now = now_ms();
     let mut rejected = Vec::new();
-    let report = match eng.apply_at(&batch, now, last).await {
-        Ok(r) => r,
+    let applied = match batches.as_slice() {
+        [(snapshot, Some(version))] => eng.apply_snapshot_at(snapshot, *version, now, last).await,
+        _ => {
+            let batch = arrow_select::concat::concat_batches(
+                &rt.flow.source_arrow,
+                batches.iter().map(|(b, _)| b),
+            )?;
+            eng.apply_at(&batch, now, last).await
+        }
+    };
+    let report = match applied {
+        Ok(r) => {
+            if let Some(have) = r.skipped_for_version {
+                rejected.push(format!(
+                    "offset {last}: snapshot version {} skipped: the target has version {have}",
+                    r.snapshot_version.unwrap_or_default()
+                ));
+            }
+            r
+        }
+        Err(e @ Error::Batch { .. }) if rt.flow.from_snapshot => {
+            // A snapshot the ingest checks let through: drop it, report it.
+            rejected.push(format!("offset {last}: {e}"));
+            crate::engine::CommitReport::default()
+        }
         Err(Error::Batch { .. }) => {
             // A batch that meets another (a sequence tie under
             // on_sequence_tie = "error"): apply one by one, drop the rejected.
             let mut total = crate::engine::CommitReport::default();
-            for (i, b) in batches.iter().enumerate() {
+            for (i, (b, _)) in batches.iter().enumerate() {
                 match eng.apply_at(b, now, first + i as i64).await {
                     Ok(r) => {
                         total.stats.add(&r.stats);

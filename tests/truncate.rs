@@ -116,6 +116,17 @@ fn a_row_at_the_truncate_sequence_survives() {
     );
 }
 
+/// Found by the property test: the truncate's delete of key 3 (at the
+/// truncate's sequence) tied with a later upsert at that sequence and could
+/// win it; a change at the truncate's sequence always survives.
+#[test]
+fn a_change_at_the_truncate_sequence_arriving_later_survives() {
+    check(
+        vec![vec![u(3, "Leeds", 0)], vec![t(3)], vec![u(3, "York", 3)]],
+        &[&["3", "York", "3"]],
+    );
+}
+
 #[test]
 fn a_late_truncate_removes_what_arrived_before_it() {
     check(
