@@ -45,6 +45,11 @@ pub struct BenchArgs {
     pub dir: Option<PathBuf>,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Flow kinds the main run applies the same input to, comma-separated:
+    /// `scd1`, `scd2` (every version; `amount` and `note` tracked),
+    /// `partial` (SCD Type 1 with ignore_null_updates). Ratios to the first are printed.
+    #[arg(long, default_value = "scd1")]
+    pub flows: String,
 }
 
 const FLOW: &str = r#"
@@ -63,8 +68,22 @@ columns = [
 "#;
 
 fn bench_flow(target: &str) -> Result<Flow> {
+    kind_flow(target, "scd1")
+}
+
+fn kind_flow(target: &str, kind: &str) -> Result<Flow> {
     let mut cfg: FlowConfig = toml::from_str(FLOW).map_err(|e| Error::Config(e.to_string()))?;
     cfg.target = target.to_string();
+    match kind {
+        "scd1" => {}
+        "scd2" => cfg.stored_as_scd_type = 2,
+        "partial" => cfg.ignore_null_updates = true,
+        other => {
+            return Err(Error::Config(format!(
+                "--flows: `{other}` is not one of scd1, scd2, partial"
+            )));
+        }
+    }
     Flow::new(cfg)
 }
 
@@ -190,59 +209,21 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         None,
         Arc::new(Faults::default()),
     )?);
-    let mut engine =
-        Engine::open(flow.clone(), catalog.clone(), Arc::new(Faults::default())).await?;
-    let mut latencies = Vec::new();
-    let mut phases = crate::engine::Timings::default();
-    let mut read_ms = 0.0;
-    let (mut data_files, mut delete_files, mut bytes) = (0, 0, 0);
-    let started = Instant::now();
-    for f in &files {
-        let t = Instant::now();
-        let b = input::read_file(&flow, f)?;
-        read_ms += t.elapsed().as_secs_f64() * 1e3;
-        let r = engine.apply(&b, now_ms()).await?;
-        phases.add(&r.timings);
-        latencies.push(t.elapsed().as_secs_f64());
-        data_files += r.data_files;
-        delete_files += r.delete_files;
-        bytes += r.bytes_written;
+    let kinds: Vec<&str> = args.flows.split(',').map(str::trim).collect();
+    let mut rates: Vec<(String, f64)> = Vec::new();
+    for kind in &kinds {
+        let flow = kind_flow(&format!("bench.events_{kind}"), kind)?;
+        if kinds.len() > 1 {
+            println!("-- flow kind {kind}");
+        }
+        let rate = main_run(&flow, &catalog, &files, &warehouse, args.events, per).await?;
+        rates.push((kind.to_string(), rate));
     }
-    let secs = started.elapsed().as_secs_f64();
-    latencies.sort_by(f64::total_cmp);
-    let s = engine.summary();
-    println!(
-        "end to end: {:.2} s, {:.0} events/s",
-        secs,
-        args.events as f64 / secs
-    );
-    println!(
-        "time by phase (ms, all batches): read Parquet {:.0}, resolve {:.0}, target files {:.0}, state apply {:.0}, state file {:.0}, commits {:.0}",
-        read_ms,
-        phases.resolve_ms,
-        phases.target_files_ms,
-        phases.state_apply_ms,
-        phases.state_file_ms,
-        phases.commits_ms
-    );
-    println!(
-        "per-batch latency: p50 {:.0} ms, max {:.0} ms ({} events per batch)",
-        latencies[latencies.len() / 2] * 1e3,
-        latencies[latencies.len() - 1] * 1e3,
-        per
-    );
-    println!(
-        "written: {} data files, {} delete files, {:.1} MiB (warehouse on disk incl. metadata and state: {:.1} MiB)",
-        data_files,
-        delete_files,
-        bytes as f64 / 1048576.0,
-        dir_bytes(&warehouse) as f64 / 1048576.0
-    );
-    println!(
-        "state: {} keys ({} live, {} tombstones), {:.1} bytes/key in memory",
-        s.keys, s.live, s.tombstones, s.bytes_per_key
-    );
-    drop(engine);
+    if let [(first, base), rest @ ..] = rates.as_slice() {
+        for (kind, rate) in rest {
+            println!("{kind} / {first} throughput: {:.2}", rate / base);
+        }
+    }
 
     let sizes: Vec<usize> = if args.table_sizes == "none" {
         Vec::new()
@@ -308,6 +289,71 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(())
+}
+
+/// Applies the input files to `flow`; prints the figures, returns events/s.
+async fn main_run(
+    flow: &Flow,
+    catalog: &Arc<dyn Catalog>,
+    files: &[PathBuf],
+    warehouse: &Path,
+    events: usize,
+    per: usize,
+) -> Result<f64> {
+    let mut engine =
+        Engine::open(flow.clone(), catalog.clone(), Arc::new(Faults::default())).await?;
+    let mut latencies = Vec::new();
+    let mut phases = crate::engine::Timings::default();
+    let mut read_ms = 0.0;
+    let (mut data_files, mut delete_files, mut bytes) = (0, 0, 0);
+    let started = Instant::now();
+    for f in files {
+        let t = Instant::now();
+        let b = input::read_file(flow, f)?;
+        read_ms += t.elapsed().as_secs_f64() * 1e3;
+        let r = engine.apply(&b, now_ms()).await?;
+        phases.add(&r.timings);
+        latencies.push(t.elapsed().as_secs_f64());
+        data_files += r.data_files;
+        delete_files += r.delete_files;
+        bytes += r.bytes_written;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    latencies.sort_by(f64::total_cmp);
+    let s = engine.summary();
+    println!(
+        "end to end: {:.2} s, {:.0} events/s",
+        secs,
+        events as f64 / secs
+    );
+    println!(
+        "time by phase (ms, all batches): read Parquet {:.0}, resolve {:.0}, target files {:.0}, state apply {:.0}, state file {:.0}, commits {:.0}",
+        read_ms,
+        phases.resolve_ms,
+        phases.target_files_ms,
+        phases.state_apply_ms,
+        phases.state_file_ms,
+        phases.commits_ms
+    );
+    println!(
+        "per-batch latency: p50 {:.0} ms, max {:.0} ms ({} events per batch)",
+        latencies[latencies.len() / 2] * 1e3,
+        latencies[latencies.len() - 1] * 1e3,
+        per
+    );
+    println!(
+        "written: {} data files, {} delete files, {:.1} MiB (warehouse on disk incl. metadata and state: {:.1} MiB)",
+        data_files,
+        delete_files,
+        bytes as f64 / 1048576.0,
+        dir_bytes(warehouse) as f64 / 1048576.0
+    );
+    println!(
+        "state: {} keys ({} live, {} tombstones), {:.1} bytes/key in memory",
+        s.keys, s.live, s.tombstones, s.bytes_per_key
+    );
+
+    Ok(events as f64 / secs)
 }
 
 fn tempfile_dir() -> Result<PathBuf> {

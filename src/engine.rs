@@ -524,6 +524,27 @@ impl Engine {
         &self.hist
     }
 
+    /// (key, sequence, fingerprint) of the latest change of every live key.
+    fn live_keys(&self) -> Vec<(&[u8], &[u8], u64)> {
+        match &self.hc {
+            Some(_) => self
+                .hist
+                .iter()
+                .filter_map(|(k, e)| {
+                    e.last()
+                        .filter(|e| !e.is_delete())
+                        .map(|e| (k, &*e.seq, e.fp))
+                })
+                .collect(),
+            None => self
+                .state
+                .iter()
+                .filter(|e| matches!(e.value, crate::state::Value::Live(_)))
+                .map(|e| (e.key, e.seq, e.fingerprint))
+                .collect(),
+        }
+    }
+
     /// The interned data files of whichever state this flow keeps.
     fn files_mut(&mut self) -> &mut FileTable {
         if self.hc.is_some() {
@@ -718,25 +739,13 @@ impl Engine {
         }
         let diffed = match snapshot_version {
             Some(version) => {
-                let live: Vec<(&[u8], u64)> = match &self.hc {
-                    Some(_) => self
-                        .hist
-                        .iter()
-                        .filter_map(|(k, e)| e.last().filter(|e| !e.is_delete()).map(|e| (k, e.fp)))
-                        .collect(),
-                    None => self
-                        .state
-                        .iter()
-                        .filter(|e| matches!(e.value, crate::state::Value::Live(_)))
-                        .map(|e| (e.key, e.fingerprint))
-                        .collect(),
-                };
+                let live = self.live_keys();
                 Some(from_snapshot::diff(
                     &self.flow,
                     &self.codec,
                     batch,
                     version,
-                    live.into_iter(),
+                    live.into_iter().map(|(k, _, fp)| (k, fp)),
                 )?)
             }
             None => None,
@@ -744,27 +753,13 @@ impl Engine {
         let truncated = match &self.flow.truncates {
             Some(_) => {
                 resolve::validate(&self.flow, batch)?;
-                let live: Vec<(&[u8], &[u8])> = match &self.hc {
-                    Some(_) => self
-                        .hist
-                        .iter()
-                        .filter_map(|(k, e)| {
-                            e.last().filter(|e| !e.is_delete()).map(|e| (k, &*e.seq))
-                        })
-                        .collect(),
-                    None => self
-                        .state
-                        .iter()
-                        .filter(|e| matches!(e.value, crate::state::Value::Live(_)))
-                        .map(|e| (e.key, e.seq))
-                        .collect(),
-                };
+                let live = self.live_keys();
                 Some(truncate::rewrite(
                     &self.flow,
                     &self.codec,
                     batch,
                     self.floor.as_deref(),
-                    live.into_iter(),
+                    live.into_iter().map(|(k, seq, _)| (k, seq)),
                 )?)
             }
             None => None,

@@ -9,9 +9,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, BooleanArray, Int64Array, RecordBatch, UInt32Array};
-use arrow_select::concat::concat;
-use arrow_select::take::take;
+use arrow_array::{ArrayRef, BooleanArray, Int64Array, RecordBatch};
 
 use crate::error::{Error, Result};
 use crate::flow::Flow;
@@ -137,31 +135,19 @@ pub fn diff<'a>(
         .collect();
     gone.sort_unstable();
 
-    let idx = UInt32Array::from(keep.clone());
-    let mut cols: Vec<ArrayRef> = snapshot
-        .columns()
-        .iter()
-        .map(|c| take(c.as_ref(), &idx, None))
-        .collect::<std::result::Result<_, _>>()?;
-    if !gone.is_empty() {
-        let kp = codec.keys.parser();
-        let gone_keys = codec.keys.convert_rows(gone.iter().map(|k| kp.parse(k)))?;
-        for (c, col) in cols.iter_mut().enumerate() {
-            let extra: ArrayRef = if let Some(k) = flow.key_idx.iter().position(|&i| i == c) {
-                gone_keys[k].clone()
-            } else if c == seq {
-                Arc::new(Int64Array::from(vec![version; gone.len()]))
-            } else {
-                arrow_array::new_null_array(col.data_type(), gone.len())
-            };
-            *col = concat(&[col.as_ref(), extra.as_ref()])?;
-        }
-    }
-    let mut origin: Vec<Option<u32>> = keep.iter().map(|&i| Some(i)).collect();
-    origin.extend(std::iter::repeat_n(None, gone.len()));
-    let forced_deletes: BooleanArray = origin.iter().map(|o| Some(o.is_none())).collect();
+    let version_row = codec
+        .seqs
+        .convert_columns(&[Arc::new(Int64Array::from(vec![version])) as ArrayRef])?;
+    let (batch, origin, forced_deletes) = crate::truncate::keep_and_delete(
+        flow,
+        codec,
+        &snapshot,
+        &keep,
+        &gone,
+        version_row.row(0).data(),
+    )?;
     Ok(Diffed {
-        batch: RecordBatch::try_new(snapshot.schema(), cols)?,
+        batch,
         origin,
         forced_deletes,
         inserted,

@@ -106,37 +106,10 @@ pub fn rewrite<'a>(
             .collect();
         synth.sort_unstable();
     }
-    let idx = UInt32Array::from(keep.clone());
-    let mut cols: Vec<ArrayRef> = batch
-        .columns()
-        .iter()
-        .map(|c| take(c.as_ref(), &idx, None))
-        .collect::<std::result::Result<_, _>>()?;
-    if !synth.is_empty() {
-        let kp = codec.keys.parser();
-        let key_arrays = codec.keys.convert_rows(synth.iter().map(|k| kp.parse(k)))?;
-        let sp = codec.seqs.parser();
-        let f = new_floor.as_deref().expect("raised");
-        let seq_arrays = codec
-            .seqs
-            .convert_rows(std::iter::repeat_n(sp.parse(f), synth.len()))?;
-        for (c, col) in cols.iter_mut().enumerate() {
-            let extra: ArrayRef = if let Some(k) = flow.key_idx.iter().position(|&i| i == c) {
-                key_arrays[k].clone()
-            } else if let Some(s) = flow.seq_idx.iter().position(|&i| i == c) {
-                seq_arrays[s].clone()
-            } else {
-                arrow_array::new_null_array(col.data_type(), synth.len())
-            };
-            *col = concat(&[col.as_ref(), extra.as_ref()])?;
-        }
-    }
-    let out = RecordBatch::try_new(Arc::clone(&batch.schema()), cols)?;
-    let mut origin: Vec<Option<u32>> = keep.iter().map(|&i| Some(i)).collect();
-    origin.extend(std::iter::repeat_n(None, synth.len()));
-    let forced_deletes: BooleanArray = origin.iter().map(|o| Some(o.is_none())).collect();
+    let f = new_floor.as_deref().unwrap_or_default();
+    let (batch, origin, forced_deletes) = keep_and_delete(flow, codec, batch, &keep, &synth, f)?;
     Ok(Truncated {
-        batch: out,
+        batch,
         origin,
         forced_deletes,
         floor: new_floor,
@@ -145,4 +118,49 @@ pub fn rewrite<'a>(
         below_floor,
         removed: synth.len() as u64,
     })
+}
+
+/// The rows `keep` of `batch`, then a delete for each of `keys` at the
+/// row-encoded sequence `seq` (other columns null); with, per row, the input
+/// row it came from and whether it is such a delete.
+pub(crate) fn keep_and_delete(
+    flow: &Flow,
+    codec: &Codec,
+    batch: &RecordBatch,
+    keep: &[u32],
+    keys: &[&[u8]],
+    seq: &[u8],
+) -> Result<(RecordBatch, Vec<Option<u32>>, BooleanArray)> {
+    let idx = UInt32Array::from(keep.to_vec());
+    let mut cols: Vec<ArrayRef> = batch
+        .columns()
+        .iter()
+        .map(|c| take(c.as_ref(), &idx, None))
+        .collect::<std::result::Result<_, _>>()?;
+    if !keys.is_empty() {
+        let kp = codec.keys.parser();
+        let key_arrays = codec.keys.convert_rows(keys.iter().map(|k| kp.parse(k)))?;
+        let sp = codec.seqs.parser();
+        let seq_arrays = codec
+            .seqs
+            .convert_rows(std::iter::repeat_n(sp.parse(seq), keys.len()))?;
+        for (c, col) in cols.iter_mut().enumerate() {
+            let extra: ArrayRef = if let Some(k) = flow.key_idx.iter().position(|&i| i == c) {
+                key_arrays[k].clone()
+            } else if let Some(s) = flow.seq_idx.iter().position(|&i| i == c) {
+                seq_arrays[s].clone()
+            } else {
+                arrow_array::new_null_array(col.data_type(), keys.len())
+            };
+            *col = concat(&[col.as_ref(), extra.as_ref()])?;
+        }
+    }
+    let mut origin: Vec<Option<u32>> = keep.iter().map(|&i| Some(i)).collect();
+    origin.extend(std::iter::repeat_n(None, keys.len()));
+    let forced: BooleanArray = origin.iter().map(|o| Some(o.is_none())).collect();
+    Ok((
+        RecordBatch::try_new(Arc::clone(&batch.schema()), cols)?,
+        origin,
+        forced,
+    ))
 }

@@ -10,14 +10,21 @@ use std::path::Path;
 use autocdc::flow::{CatalogConfig, Config};
 use common::*;
 
-fn example(flow: &str, files: &[&str], expected: &[&[&str]]) {
+/// `examples/flows.toml` with its warehouse in `tmp`.
+fn examples_config(tmp: &tempfile::TempDir) -> Config {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut config = Config::load(&root.join("examples/flows.toml")).unwrap();
-    let tmp = tempfile::tempdir().unwrap();
     config.catalog = CatalogConfig::Hadoop {
         warehouse: tmp.path().to_str().unwrap().into(),
         s3: None,
     };
+    config
+}
+
+fn example(flow: &str, files: &[&str], expected: &[&[&str]]) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    let config = examples_config(&tmp);
     let flow = config.flow(flow).unwrap();
     let got = rt().block_on(async {
         let faults = std::sync::Arc::new(autocdc::fault::Faults::default());
@@ -70,6 +77,47 @@ fn apply_as_truncates_example() {
     );
 }
 
+/// README "AUTO CDC FROM SNAPSHOT": two versioned snapshots, a repeat of the
+/// second (skipped) and an unchanged third (no files).
+#[test]
+fn from_snapshot_example() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    let config = examples_config(&tmp);
+    let flow = config.flow("stock").unwrap();
+    let got = rt().block_on(async {
+        let faults = std::sync::Arc::new(autocdc::fault::Faults::default());
+        let cat = autocdc::catalog::open(&config.catalog, faults).unwrap();
+        for (v, f, skipped, files) in [
+            (1, "stock-1.csv", false, 1),
+            (2, "stock-2.csv", false, 1),
+            (2, "stock-2.csv", true, 0),
+            (3, "stock-2.csv", false, 0),
+        ] {
+            let b = autocdc::input::read_file(&flow, &root.join("examples").join(f)).unwrap();
+            let mut e = open_engine(&cat, &flow).await;
+            let off = e.summary().input_offset + 1;
+            let r = e.apply_snapshot_at(&b, v, 1_000 + v, off).await.unwrap();
+            assert_eq!(
+                (r.skipped_for_version.is_some(), r.data_files),
+                (skipped, files),
+                "version {v}"
+            );
+        }
+        table_rows(&open_engine(&cat, &flow).await).await
+    });
+    assert_eq!(
+        got,
+        rows(&[
+            &["apple", "10", "A1", "1", "NULL"],
+            &["pear", "4", "A2", "1", "2"],
+            &["pear", "9", "A2", "2", "NULL"],
+            &["fig", "3", "C4", "2", "NULL"],
+            &["plum", "7", "B1", "1", "2"],
+        ])
+    );
+}
+
 #[test]
 fn every_flow_of_the_examples_config_is_exercised() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -85,7 +133,8 @@ fn every_flow_of_the_examples_config_is_exercised() {
         [
             "customers_history",
             "customers_partial",
-            "customers_truncated"
+            "customers_truncated",
+            "stock"
         ]
     );
 }
