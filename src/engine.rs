@@ -132,6 +132,18 @@ fn ms_since(t: &mut std::time::Instant) -> f64 {
     ms
 }
 
+/// `schema` with every top-level field nullable.
+fn nullable(schema: &arrow_schema::SchemaRef) -> arrow_schema::SchemaRef {
+    Arc::new(arrow_schema::Schema::new_with_metadata(
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+        schema.metadata().clone(),
+    ))
+}
+
 /// The truncate floor as a JSON object of the sequence columns, so it reads
 /// back whatever the row format's version.
 fn floor_to_json(flow: &Flow, codec: &Codec, floor: &[u8]) -> Result<String> {
@@ -858,11 +870,13 @@ impl Engine {
                 (
                     history::rows_batch(&self.flow, &self.codec, hc, &target_arrow, &p.inserts)?,
                     p.remove_positions.clone(),
+                    // Only the keys (and __START_AT) of these rows are known:
+                    // the other columns may be null, required or not.
                     history::rows_batch(
                         &self.flow,
                         &self.codec,
                         hc,
-                        &target_arrow,
+                        &nullable(&target_arrow),
                         &p.remove_rows,
                     )?,
                 )

@@ -405,3 +405,49 @@ fn random_history_batchings(shape: Shape, cases: u32) {
         })
         .unwrap();
 }
+
+/// A partial-update flow on a target another writer filled: a key it has not
+/// seen yet may have a row there, removed by an equality delete on the key.
+#[test]
+fn ignore_null_updates_replaces_rows_it_did_not_write() {
+    let rt = rt();
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = people(
+        Shape {
+            ignore_nulls: false,
+            ..IGNORE_NULLS_SCD1
+        },
+        "crm.shared",
+    );
+    let mut cfg: autocdc::flow::FlowConfig =
+        toml::from_str(&people_toml(IGNORE_NULLS_SCD1, "crm.shared")).unwrap();
+    cfg.name = "partial_writer".into();
+    let partial = Flow::new(cfg).unwrap();
+    rt.block_on(async {
+        let cat = catalog(tmp.path());
+        let mut other = open_engine(&cat, &plain).await;
+        other
+            .apply(
+                &people_batch(&plain, &[up(1, "Leeds", "vip", 1), up(2, "York", "new", 1)]),
+                1,
+            )
+            .await
+            .unwrap();
+        // As if another tool had written those rows: no autocdc state for them.
+        drop(other);
+        assert!(cat.drop_table(&plain.state_ident()).await.unwrap());
+        let mut e = open_engine(&cat, &partial).await;
+        let r = e
+            .apply(
+                &people_batch(&partial, &[(1, false, Some("Bath"), None, 2)]),
+                2,
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.stats.removed_by_key, 1);
+        assert_eq!(
+            table_rows(&e).await,
+            rows(&[&["1", "Bath", "NULL", "2"], &["2", "York", "new", "1"]])
+        );
+    });
+}
