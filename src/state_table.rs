@@ -145,62 +145,83 @@ pub fn to_batch<'a>(
     entries: impl Iterator<Item = EntryRef<'a>>,
     generation: i64,
 ) -> Result<RecordBatch> {
-    let schema = arrow_schema(flow)?;
-    let key_parser = codec.keys.parser();
-    let seq_parser = codec.seqs.parser();
-    let mut key_rows = Vec::new();
-    let mut seq_rows = Vec::new();
-    let mut fp = Int64Builder::new();
-    let mut deleted = Int64Builder::new();
-    let mut file = StringBuilder::new();
-    let mut pos = Int64Builder::new();
-    let mut n = 0;
+    let mut rows = EntryRows::new(codec);
     for e in entries {
-        key_rows.push(key_parser.parse(e.key));
-        seq_rows.push(seq_parser.parse(e.seq));
-        fp.append_value(e.fingerprint as i64);
-        match e.value {
-            Value::Tombstone { deleted_at_ms } => {
-                deleted.append_value(deleted_at_ms);
-                file.append_null();
-                pos.append_null();
-            }
-            Value::Live(loc) => {
-                deleted.append_null();
-                match loc {
-                    Some(l) => {
-                        file.append_value(state.files.path(l.file));
-                        pos.append_value(l.pos as i64);
-                    }
-                    None => {
-                        file.append_null();
-                        pos.append_null();
-                    }
-                }
-            }
-        }
-        n += 1;
+        let (deleted_at, loc) = match e.value {
+            Value::Tombstone { deleted_at_ms } => (Some(deleted_at_ms), None),
+            Value::Live(loc) => (None, loc),
+        };
+        let loc = loc.map(|l| (state.files.path(l.file), l.pos));
+        rows.push(e.key, e.seq, e.fingerprint, deleted_at, loc);
     }
-    let mut cols: Vec<ArrayRef> = codec.keys.convert_rows(key_rows)?;
-    cols.extend(codec.seqs.convert_rows(seq_rows)?);
-    cols.push(Arc::new(fp.finish()));
-    cols.push(Arc::new(deleted.finish()));
-    cols.push(Arc::new(file.finish()));
-    cols.push(Arc::new(pos.finish()));
-    cols.push(Arc::new(arrow_array::Int64Array::from(vec![generation; n])));
-    // The row converter gives back the source types, which match the schema's.
-    let cols = cols
-        .into_iter()
-        .zip(schema.fields())
-        .map(|(c, f)| {
-            if c.data_type() == f.data_type() {
-                Ok(c)
-            } else {
-                arrow_cast::cast(&c, f.data_type())
-            }
-        })
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok(RecordBatch::try_new(schema, cols)?)
+    cast_to_schema(rows.finish(generation)?, &arrow_schema(flow)?)
+}
+
+/// The columns every state-table row has, gathered row by row.
+struct EntryRows<'a> {
+    codec: &'a Codec,
+    keys: Vec<&'a [u8]>,
+    seqs: Vec<&'a [u8]>,
+    fp: Int64Builder,
+    deleted: Int64Builder,
+    file: StringBuilder,
+    pos: Int64Builder,
+    n: usize,
+}
+
+impl<'a> EntryRows<'a> {
+    fn new(codec: &'a Codec) -> Self {
+        EntryRows {
+            codec,
+            keys: Vec::new(),
+            seqs: Vec::new(),
+            fp: Int64Builder::new(),
+            deleted: Int64Builder::new(),
+            file: StringBuilder::new(),
+            pos: Int64Builder::new(),
+            n: 0,
+        }
+    }
+
+    fn push(
+        &mut self,
+        key: &'a [u8],
+        seq: &'a [u8],
+        fp: u64,
+        deleted_at_ms: Option<i64>,
+        loc: Option<(&str, u32)>,
+    ) {
+        self.keys.push(key);
+        self.seqs.push(seq);
+        self.fp.append_value(fp as i64);
+        self.deleted.append_option(deleted_at_ms);
+        self.file.append_option(loc.map(|l| l.0));
+        self.pos.append_option(loc.map(|l| l.1 as i64));
+        self.n += 1;
+    }
+
+    /// Keys, sequences, fingerprint, deleted-at, file, position, generation.
+    fn finish(mut self, generation: i64) -> Result<Vec<ArrayRef>> {
+        let (kp, sp) = (self.codec.keys.parser(), self.codec.seqs.parser());
+        let mut cols: Vec<ArrayRef> = self
+            .codec
+            .keys
+            .convert_rows(self.keys.iter().map(|k| kp.parse(k)))?;
+        cols.extend(
+            self.codec
+                .seqs
+                .convert_rows(self.seqs.iter().map(|s| sp.parse(s)))?,
+        );
+        cols.push(Arc::new(self.fp.finish()));
+        cols.push(Arc::new(self.deleted.finish()));
+        cols.push(Arc::new(self.file.finish()));
+        cols.push(Arc::new(self.pos.finish()));
+        cols.push(Arc::new(arrow_array::Int64Array::from(vec![
+            generation;
+            self.n
+        ])));
+        Ok(cols)
+    }
 }
 
 /// Loads state-table batches into `state`: per key the entry of the highest
@@ -295,52 +316,25 @@ pub fn history_to_batch<'a>(
     keys: impl Iterator<Item = (&'a [u8], &'a [Event])>,
     generation: i64,
 ) -> Result<RecordBatch> {
-    let schema = arrow_schema(flow)?;
-    let key_parser = codec.keys.parser();
-    let seq_parser = codec.seqs.parser();
-    let mut key_rows = Vec::new();
-    let mut seq_rows = Vec::new();
-    let mut fp = Int64Builder::new();
-    let mut deleted = Int64Builder::new();
-    let mut file = StringBuilder::new();
-    let mut pos = Int64Builder::new();
+    let mut rows = EntryRows::new(codec);
     let mut vals: Vec<Vec<&[u8]>> = vec![Vec::new(); hc.cols.len()];
-    let mut n = 0;
     for (key, events) in keys {
         for e in events {
-            key_rows.push(key_parser.parse(key));
-            seq_rows.push(seq_parser.parse(&e.seq));
-            fp.append_value(e.fp as i64);
-            deleted.append_option(e.deleted_at_ms);
-            match e.loc {
-                Some(l) => {
-                    file.append_value(hist.files.path(l.file));
-                    pos.append_value(l.pos as i64);
-                }
-                None => {
-                    file.append_null();
-                    pos.append_null();
-                }
-            }
+            let loc = e.loc.map(|l| (hist.files.path(l.file), l.pos));
+            rows.push(key, &e.seq, e.fp, e.deleted_at_ms, loc);
             for (j, v) in e.vals.iter().enumerate() {
                 vals[j].push(v);
             }
-            n += 1;
         }
     }
-    let mut cols: Vec<ArrayRef> = codec.keys.convert_rows(key_rows)?;
-    cols.extend(codec.seqs.convert_rows(seq_rows)?);
-    cols.push(Arc::new(fp.finish()));
-    cols.push(Arc::new(deleted.finish()));
-    cols.push(Arc::new(file.finish()));
-    cols.push(Arc::new(pos.finish()));
-    cols.push(Arc::new(arrow_array::Int64Array::from(vec![generation; n])));
+    let mut cols = rows.finish(generation)?;
     for (j, v) in vals.into_iter().enumerate() {
         cols.push(hc.decode(j, v.into_iter())?);
     }
-    cast_to_schema(cols, &schema)
+    cast_to_schema(cols, &arrow_schema(flow)?)
 }
 
+/// The row converters give back the source types; the schema may differ (e.g. field metadata).
 fn cast_to_schema(cols: Vec<ArrayRef>, schema: &SchemaRef) -> Result<RecordBatch> {
     let cols = cols
         .into_iter()
