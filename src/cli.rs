@@ -100,6 +100,10 @@ pub enum Command {
     Bench(crate::bench::BenchArgs),
     /// Load-test `autocdc serve` (in this process) over HTTP with NDJSON and Arrow IPC.
     BenchServe(crate::loadgen::LoadArgs),
+    /// Run `autocdc serve` in a child process under a steady load for a while;
+    /// sample commit rate, latency, memory, fds, log, metadata, files and scan
+    /// time, and judge each figure flat or growing (see README, "Soak").
+    Soak(crate::soak::SoakArgs),
     /// Run the HTTP service: producers push change batches, autocdc commits them on a schedule.
     Serve {
         /// Without one (and with no ./autocdc.toml) it serves on 127.0.0.1:8080 into ./warehouse.
@@ -308,6 +312,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench(args) => crate::bench::run(args).await,
         Command::BenchServe(args) => crate::loadgen::run(args).await,
+        Command::Soak(args) => crate::soak::run(args).await,
         Command::Serve { config, listen } => {
             let mut cfg = match config {
                 Some(p) => load_config(&p)?,

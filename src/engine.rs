@@ -30,6 +30,7 @@ use crate::fault::{FaultPoint, Faults};
 use crate::flow::{Flow, START_AT};
 use crate::from_snapshot;
 use crate::history::{self, HistCodec, History};
+use crate::offsets::{self, LogRef, Offsets, PROP_INPUT_OFFSETS};
 use crate::resolve::{self, BatchStats, Codec, Resolution};
 use crate::snapshot::{self, RowDelta};
 use crate::state::FileTable;
@@ -259,7 +260,14 @@ pub struct Engine {
     /// Every live row of the target is in the state (so no equality deletes are needed).
     state_complete: bool,
     generation: i64,
+    /// The committed offset of `log` (or, without one, the single
+    /// `autocdc.input-offset`).
     input_offset: i64,
+    /// The ingest log this engine commits for (`serve`); None for `apply`.
+    log: Option<LogRef>,
+    /// Every log's committed offset, as the latest snapshot of this flow
+    /// records them.
+    offsets: Offsets,
     state_log_rows: u64,
     /// Set while a commit is under way; an engine whose commit failed must be reopened.
     poisoned: bool,
@@ -388,6 +396,17 @@ impl Engine {
         catalog: Arc<dyn Catalog>,
         faults: Arc<Faults>,
     ) -> Result<Engine> {
+        Engine::open_for_log(flow, catalog, faults, None).await
+    }
+
+    /// Opens the flow for commits from one ingest log: the input offset read
+    /// and recorded is that log's entry of `autocdc.input-offsets`.
+    pub async fn open_for_log(
+        flow: Flow,
+        catalog: Arc<dyn Catalog>,
+        faults: Arc<Faults>,
+        log: Option<LogRef>,
+    ) -> Result<Engine> {
         let codec = Codec::new(&flow)?;
         let target = match catalog.load_table(&flow.target).await? {
             Some(t) => {
@@ -428,10 +447,12 @@ impl Engine {
             .as_ref()
             .and_then(|m| num(m, PROP_GENERATION))
             .unwrap_or(0);
-        let input_offset = marker
-            .as_ref()
-            .and_then(|m| num(m, PROP_INPUT_OFFSET))
-            .unwrap_or(0);
+        let offsets = offsets::parse(marker.as_ref().and_then(|m| m.get(PROP_INPUT_OFFSETS)))?;
+        let input_offset = offsets::offset_for(
+            &offsets,
+            marker.as_ref().and_then(|m| num(m, PROP_INPUT_OFFSET)),
+            log.as_ref(),
+        );
         let mut state = KeyIndex::new();
         let hc = if flow.keeps_history() {
             Some(HistCodec::new(&flow)?)
@@ -508,6 +529,8 @@ impl Engine {
             hist,
             generation,
             input_offset,
+            log,
+            offsets,
             state_log_rows,
             poisoned: false,
             flow,
@@ -681,8 +704,13 @@ impl Engine {
             };
             attempted.push(snapshot_id);
             let retryable = matches!(error, Error::CommitConflict(_) | Error::Unavailable(_));
-            let fresh =
-                Engine::open(self.flow.clone(), self.catalog.clone(), self.faults.clone()).await?;
+            let fresh = Engine::open_for_log(
+                self.flow.clone(),
+                self.catalog.clone(),
+                self.faults.clone(),
+                self.log.clone(),
+            )
+            .await?;
             let landed = attempted
                 .iter()
                 .find(|id| fresh.target.metadata.snapshot_by_id(**id).is_some())
@@ -1014,13 +1042,31 @@ impl Engine {
         )
         .await?;
         let state_snapshot = produced.snapshot_id;
+        // Another writer of this flow (a second instance) may have committed
+        // the state table first: reload and rebuild, as for the target.
         let state_tbl = self
             .catalog
             .commit(&self.state_tbl, produced.updates, produced.requirements)
-            .await?;
+            .await
+            .map_err(|error| match error {
+                Error::CommitConflict(_) | Error::Unavailable(_) => Failure::AtCommit {
+                    error,
+                    snapshot_id: state_snapshot,
+                },
+                error => Failure::Other(error),
+            })?;
         self.faults.hit(FaultPoint::AfterStateCommit)?;
 
-        // 3. The target, naming the state snapshot it goes with.
+        // 3. The target, naming the state snapshot it goes with and the
+        // offset of each ingest log.
+        let offsets = match &self.log {
+            Some(log) => offsets::record(&self.offsets, log, input_offset, now_ms),
+            None => self.offsets.clone(),
+        };
+        let offsets_json = match offsets.is_empty() {
+            true => None,
+            false => Some(offsets::to_json(&offsets)?),
+        };
         report.data_files = data.len();
         report.delete_files = deletes.len();
         report.rows_written = rows.num_rows() as u64;
@@ -1048,6 +1094,7 @@ impl Engine {
                     ),
                 ])
                 .into_iter()
+                .chain(offsets_json.map(|j| (PROP_INPUT_OFFSETS.to_string(), j)))
                 .chain(match truncated.as_ref().and_then(|t| t.floor.as_deref()) {
                     Some(f) => Some((
                         PROP_TRUNCATED_BELOW.to_string(),
@@ -1092,6 +1139,7 @@ impl Engine {
         self.state_snapshot = Some(state_snapshot);
         self.generation = generation;
         self.input_offset = input_offset;
+        self.offsets = offsets;
         if let Some(t) = truncated {
             self.floor = t.floor;
         }

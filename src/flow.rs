@@ -59,6 +59,11 @@ pub struct ServerConfig {
     /// How long an idempotency key is remembered after its batch was committed.
     #[serde(default = "default_idempotency_window")]
     pub idempotency_window: String,
+    /// The target records each ingest log's committed offset; the entry of
+    /// a log that has not committed for this long is dropped (its log is
+    /// gone, e.g. an instance retired after a rolling deploy).
+    #[serde(default = "default_log_offsets_retention")]
+    pub log_offsets_retention: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -85,6 +90,9 @@ fn default_request_timeout() -> String {
 fn default_idempotency_window() -> String {
     "15m".into()
 }
+fn default_log_offsets_retention() -> String {
+    "7d".into()
+}
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -95,6 +103,7 @@ impl Default for ServerConfig {
             max_body_bytes: default_max_body(),
             request_timeout: default_request_timeout(),
             idempotency_window: default_idempotency_window(),
+            log_offsets_retention: default_log_offsets_retention(),
         }
     }
 }
@@ -106,6 +115,9 @@ impl ServerConfig {
     pub fn idempotency_window(&self) -> Result<Duration> {
         parse_duration_setting("server.idempotency_window", &self.idempotency_window)
     }
+    pub fn log_offsets_retention(&self) -> Result<Duration> {
+        parse_duration_setting("server.log_offsets_retention", &self.log_offsets_retention)
+    }
 }
 
 fn parse_duration_setting(name: &str, s: &str) -> Result<Duration> {
@@ -116,6 +128,9 @@ fn parse_duration_setting(name: &str, s: &str) -> Result<Duration> {
     })
 }
 
+/// The smallest `max_log_bytes` honoured (smaller settings are raised to it).
+pub const MIN_LOG_BYTES: u64 = 64 << 10;
+
 /// When `autocdc serve` commits a flow's pending changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommitPolicy {
@@ -124,6 +139,8 @@ pub struct CommitPolicy {
     pub max_bytes: u64,
     /// Over this many uncommitted bytes, pushes are refused (429) until a commit.
     pub max_uncommitted_bytes: u64,
+    /// The bound on the flow's ingest log (see `wal::LogStats::max_bytes`).
+    pub max_log_bytes: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -374,6 +391,11 @@ pub struct FlowConfig {
     /// Pushes are refused with 429 above this many uncommitted bytes (default 1 GiB).
     #[serde(default)]
     pub max_uncommitted_bytes: Option<u64>,
+    /// The flow's ingest log holds at most this many bytes (default 4 GiB):
+    /// committed records go before their idempotency window ends to stay
+    /// under it; when uncommitted records alone fill it, pushes get 429.
+    #[serde(default)]
+    pub max_log_bytes: Option<u64>,
 }
 
 fn default_scd_type() -> u8 {
@@ -893,6 +915,7 @@ impl Flow {
             max_rows: config.commit_max_rows.unwrap_or(1_000_000).max(1),
             max_bytes: config.commit_max_bytes.unwrap_or(256 << 20).max(1),
             max_uncommitted_bytes: config.max_uncommitted_bytes.unwrap_or(1 << 30).max(1),
+            max_log_bytes: config.max_log_bytes.unwrap_or(4 << 30).max(MIN_LOG_BYTES),
         };
         Ok(Flow {
             ignore_null_updates: config.ignore_null_updates,

@@ -402,7 +402,7 @@ async fn decode_body(
         (status = 413, description = "body over server.max_body_bytes"),
         (status = 415, description = "unsupported content type", body = ErrorResponse),
         (status = 422, description = "null key or sequence (row and column given)", body = ErrorResponse),
-        (status = 429, description = "over max_uncommitted_bytes; see Retry-After", body = ErrorResponse),
+        (status = 429, description = "over max_uncommitted_bytes or max_log_bytes; see Retry-After", body = ErrorResponse),
         (status = 504, description = "with ?wait=commit: durable, not yet committed", body = ErrorResponse),
         (status = 401, description = "missing or unknown token", body = ErrorResponse), (status = 403, description = "token not allowed on this flow", body = ErrorResponse), (status = 404, description = "unknown flow", body = ErrorResponse), (status = 503, description = "recovering or stopping", body = ErrorResponse)
     )
@@ -464,7 +464,7 @@ async fn post_changes(
         (status = 200, description = "skipped (an older or repeated version), or with ?wait=commit: committed", body = SnapshotResponse),
         (status = 400, description = "no version, not a from_snapshot flow, malformed body, unknown column or wrong type", body = ErrorResponse),
         (status = 422, description = "null key, or a key twice (row and column given)", body = ErrorResponse),
-        (status = 429, description = "over max_uncommitted_bytes; see Retry-After", body = ErrorResponse),
+        (status = 429, description = "over max_uncommitted_bytes or max_log_bytes; see Retry-After", body = ErrorResponse),
         (status = 504, description = "with ?wait=commit: durable, not yet committed", body = ErrorResponse),
         (status = 401, description = "missing or unknown token", body = ErrorResponse), (status = 403, description = "token not allowed on this flow", body = ErrorResponse), (status = 404, description = "unknown flow", body = ErrorResponse), (status = 503, description = "recovering or stopping", body = ErrorResponse)
     )
@@ -514,7 +514,7 @@ async fn wait_for_commit(
     offset: i64,
 ) -> ApiResult<Option<i64>> {
     let mut rx = rt.subscribe();
-    rt.commit_soon();
+    rt.commit_through(offset);
     let timeout = service
         .config
         .request_timeout()
@@ -562,9 +562,9 @@ async fn post_commit(
     }
     let mut rx = rt.subscribe();
     let before = rx.borrow().snapshot_id;
-    rt.commit_soon();
     // Everything pending now: wait until the applied offset passes the last one.
     let last = target + pending as i64;
+    rt.commit_through(last);
     let timeout = service
         .config
         .request_timeout()
@@ -725,7 +725,7 @@ async fn metrics(State(service): State<Arc<Service>>) -> Response {
         &'static str,
         fn(&crate::service::FlowStatus) -> f64,
     );
-    let counters: [Metric; 14] = [
+    let counters: [Metric; 20] = [
         ("autocdc_rows_in_total", "counter", |s| {
             s.counters.rows_in as f64
         }),
@@ -752,6 +752,22 @@ async fn metrics(State(service): State<Arc<Service>>) -> Response {
         ("autocdc_pending_rows", "gauge", |s| s.pending_rows as f64),
         ("autocdc_pending_bytes", "gauge", |s| s.pending_bytes as f64),
         ("autocdc_wal_bytes", "gauge", |s| s.wal.bytes as f64),
+        ("autocdc_wal_max_bytes", "gauge", |s| s.wal.max_bytes as f64),
+        ("autocdc_wal_segments", "gauge", |s| s.wal.segments as f64),
+        ("autocdc_wal_oldest_record_age_seconds", "gauge", |s| {
+            s.log_oldest_age_ms.unwrap_or(0) as f64 / 1e3
+        }),
+        (
+            "autocdc_wal_early_released_segments_total",
+            "counter",
+            |s| s.wal.early_released_segments as f64,
+        ),
+        ("autocdc_idempotency_window_seconds", "gauge", |s| {
+            s.idempotency_window_ms as f64 / 1e3
+        }),
+        ("autocdc_commit_latency_recent_p50_ms", "gauge", |s| {
+            s.recent_commit_ms_p50.unwrap_or(0.0)
+        }),
         ("autocdc_state_keys", "gauge", |s| s.state_keys as f64),
         ("autocdc_committed_offset", "gauge", |s| {
             s.committed_offset as f64

@@ -28,6 +28,7 @@ use crate::error::{Error, Result, codes};
 use crate::fault::Faults;
 use crate::flow::{Flow, FlowConfig, ServerConfig};
 use crate::input;
+use crate::offsets::LogRef;
 use crate::resolve::{self, BatchStats};
 use crate::wal::{IngestLog, LocalLog, LogStats};
 
@@ -65,10 +66,19 @@ pub struct FlowStatus {
     pub state_keys: usize,
     pub state_tombstones: usize,
     pub wal: LogStats,
+    /// Age of the oldest record the log retains.
+    pub log_oldest_age_ms: Option<i64>,
+    /// How long a retry with the same Idempotency-Key is recognised right
+    /// now: `idempotency_window`, or less while `max_log_bytes` forces
+    /// committed records out early.
+    pub idempotency_window_ms: i64,
     /// Set while commits fail; pushes are still accepted up to the cap.
     pub last_error: Option<String>,
     pub degraded: bool,
     pub commit_ms_total: f64,
+    /// Median and 99th percentile of the last 256 commits' durations.
+    pub recent_commit_ms_p50: Option<f64>,
+    pub recent_commit_ms_p99: Option<f64>,
     /// `from_snapshot` flows: the highest snapshot version accepted (committed or pending).
     pub snapshot_version: Option<i64>,
 }
@@ -135,16 +145,26 @@ struct Inner {
 pub struct FlowRuntime {
     pub flow: Flow,
     log: Arc<dyn IngestLog>,
+    /// The log's identity: the target records its committed offset under it.
+    log_ref: LogRef,
     inner: Mutex<Inner>,
     wake: Notify,
     committed: watch::Sender<Committed>,
     stop: watch::Sender<bool>,
     /// Commit latencies, for the metrics histogram (bucket upper bounds in ms).
     pub commit_hist: Mutex<[u64; COMMIT_BUCKETS.len() + 1]>,
+    /// `server.idempotency_window`.
+    window: Duration,
+    /// The last `RECENT_COMMITS` commit durations, for the status quantiles.
+    recent_ms: Mutex<std::collections::VecDeque<f64>>,
+    /// The highest offset a client asked to have committed now (`/commit`,
+    /// `?wait=commit`).
+    requested: std::sync::atomic::AtomicI64,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 pub const COMMIT_BUCKETS: [f64; 8] = [10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0, 30000.0];
+const RECENT_COMMITS: usize = 256;
 
 impl FlowRuntime {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -154,6 +174,24 @@ impl FlowRuntime {
     pub fn status(&self) -> FlowStatus {
         let mut s = self.lock().status.clone();
         s.wal = self.log.stats();
+        let now = now_ms();
+        s.log_oldest_age_ms = s.wal.oldest_appended_ms.map(|t| (now - t).max(0));
+        let window = self.window.as_millis() as i64;
+        s.idempotency_window_ms = match s.wal.idempotency_floor_ms {
+            Some(floor) => (now - floor).clamp(0, window),
+            None => window,
+        };
+        let mut recent: Vec<f64> = self
+            .recent_ms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect();
+        recent.sort_by(f64::total_cmp);
+        let q = |p: f64| recent.get(((recent.len().max(1) - 1) as f64 * p).round() as usize);
+        s.recent_commit_ms_p50 = q(0.5).copied();
+        s.recent_commit_ms_p99 = q(0.99).copied();
         s
     }
 
@@ -166,9 +204,28 @@ impl FlowRuntime {
         self.committed.subscribe()
     }
 
-    /// Asks the committer to commit now.
+    /// Asks the committer to commit everything appended so far now, rather
+    /// than at its next `commit_interval` tick.
     pub fn commit_soon(&self) {
+        self.commit_through(self.log.stats().next_offset - 1);
+    }
+
+    /// Asks the committer to commit through `offset` now: it commits at once,
+    /// and again right after while `offset` is not yet applied (a commit
+    /// takes at most `commit_max_rows` / `commit_max_bytes`).
+    pub fn commit_through(&self, offset: i64) {
+        self.requested
+            .fetch_max(offset, std::sync::atomic::Ordering::SeqCst);
         self.wake.notify_one();
+    }
+
+    /// Recent commit durations (ms), oldest first.
+    fn record_commit_ms(&self, ms: f64) {
+        let mut r = self.recent_ms.lock().unwrap_or_else(|e| e.into_inner());
+        if r.len() == RECENT_COMMITS {
+            r.pop_front();
+        }
+        r.push_back(ms);
     }
 }
 
@@ -318,14 +375,26 @@ impl Service {
     }
 
     async fn start_flow(self: &Arc<Self>, flow: Flow) -> Result<Arc<FlowRuntime>> {
-        let engine = Engine::open(flow.clone(), self.catalog.clone(), self.faults.clone()).await?;
+        let dir = self.flow_dir(&flow.name).join("wal");
+        let log_ref = LogRef {
+            id: crate::wal::identity(&dir)?,
+            retention_ms: self.config.log_offsets_retention()?.as_millis() as i64,
+        };
+        let engine = Engine::open_for_log(
+            flow.clone(),
+            self.catalog.clone(),
+            self.faults.clone(),
+            Some(log_ref.clone()),
+        )
+        .await?;
         let summary = engine.summary();
         let committed = summary.input_offset;
-        let dir = self.flow_dir(&flow.name).join("wal");
+        let max_log = flow.commit.max_log_bytes;
         let log: Arc<dyn IngestLog> = Arc::new(LocalLog::open(
             &dir,
             committed,
-            WAL_SEGMENT_BYTES,
+            (max_log / 8).clamp(16 << 10, WAL_SEGMENT_BYTES),
+            max_log,
             WAL_QUEUE,
         )?);
         let records = log.replay(committed).await?;
@@ -371,11 +440,15 @@ impl Service {
         let rt = Arc::new(FlowRuntime {
             flow: flow.clone(),
             log,
+            log_ref,
             inner: Mutex::new(Inner { pending, status }),
             wake: Notify::new(),
             committed: committed_tx,
             stop: watch::channel(false).0,
             commit_hist: Mutex::new([0; COMMIT_BUCKETS.len() + 1]),
+            window: self.window,
+            recent_ms: Mutex::new(std::collections::VecDeque::with_capacity(RECENT_COMMITS)),
+            requested: applied.into(),
             task: Mutex::new(None),
         });
         let task = tokio::spawn(committer(
@@ -479,6 +552,17 @@ impl Service {
         }
         let payload = encode_record(&batch, version)?;
         let bytes = payload.len() as u64;
+        if bytes > rt.flow.commit.max_log_bytes / 2 {
+            rt.lock().status.rejected_batches += 1;
+            return Err(Error::Input {
+                code: codes::BATCH_TOO_LARGE,
+                flow: rt.flow.name.clone(),
+                message: format!(
+                    "this batch is {bytes} bytes in the log, over half of max_log_bytes = {}; send it in smaller requests",
+                    rt.flow.commit.max_log_bytes
+                ),
+            });
+        }
         {
             let inner = rt.lock();
             let cap = rt.flow.commit.max_uncommitted_bytes;
@@ -494,7 +578,15 @@ impl Service {
             }
         }
         let rows = batch.num_rows();
-        let appended = rt.log.append(key, payload, now_ms()).await?;
+        let appended = match rt.log.append(key, payload, now_ms()).await {
+            Err(Error::Overloaded { message, .. }) => {
+                return Err(Error::Overloaded {
+                    message: format!("flow `{}`: {message}", rt.flow.name),
+                    retry_after_secs: rt.flow.commit.interval.as_secs().clamp(1, 60),
+                });
+            }
+            r => r?,
+        };
         let wake = {
             let mut inner = rt.lock();
             if !appended.duplicate {
@@ -529,8 +621,14 @@ impl Service {
     }
 }
 
-/// The committer of one flow: commits on the flow's schedule (or when woken),
-/// retries with backoff, and on stop commits what is pending.
+/// The committer of one flow. Cadence: while data arrives, commits start
+/// `commit_interval` apart (measured start to start), and each takes
+/// everything that arrived meanwhile. A commit starts sooner only when more
+/// than one commit's worth is waiting (`commit_max_rows` /
+/// `commit_max_bytes`; a snapshot flow's next snapshot), or a client asked
+/// for it (`/commit`, `?wait=commit`). So the commit rate follows the
+/// interval and the input, never the commit count. Failures retry with
+/// backoff; on stop it commits what is pending.
 async fn committer(
     rt: Arc<FlowRuntime>,
     engine: Engine,
@@ -541,16 +639,19 @@ async fn committer(
     let mut engine = Some(engine);
     let mut stop = rt.stop.subscribe();
     let mut backoff = Duration::from_millis(100);
+    let interval = rt.flow.commit.interval;
+    let mut next_start = tokio::time::Instant::now() + interval;
     loop {
         let stopping = *stop.borrow();
         if !stopping {
             tokio::select! {
-                _ = tokio::time::sleep(rt.flow.commit.interval) => {}
+                _ = tokio::time::sleep_until(next_start) => {}
                 _ = rt.wake.notified() => {}
                 _ = stop.changed() => {}
             }
         }
         let stopping = *stop.borrow();
+        next_start = tokio::time::Instant::now() + interval;
         // A commit is CPU-heavy (resolve, Parquet encoding): let the other
         // tasks of this worker (request handlers) move to another thread.
         let handle = tokio::runtime::Handle::current();
@@ -558,12 +659,14 @@ async fn committer(
             handle.block_on(commit_once(&rt, &mut engine, &catalog, &faults, window))
         });
         match outcome {
-            Ok(more) => {
+            Ok(next) => {
                 backoff = Duration::from_millis(100);
-                if more {
-                    rt.wake.notify_one();
-                } else if stopping {
+                let asked = rt.requested.load(std::sync::atomic::Ordering::SeqCst);
+                if stopping && next == Next::Empty {
                     return;
+                }
+                if next == Next::Full || (next == Next::Some && asked > rt.applied()) {
+                    rt.wake.notify_one();
                 }
             }
             Err(e) => {
@@ -584,17 +687,56 @@ async fn committer(
     }
 }
 
+/// What is left for the committer after a commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Nothing contiguous is pending.
+    Empty,
+    /// Less than a commit's worth: it waits for the next tick.
+    Some,
+    /// A commit's worth or more (or another snapshot): commit at once.
+    Full,
+}
+
+impl FlowRuntime {
+    fn applied(&self) -> i64 {
+        self.lock().status.applied_offset
+    }
+
+    fn next_after_commit(&self, inner: &Inner) -> Next {
+        let s = &inner.status;
+        if !inner.pending.contains_key(&(s.applied_offset + 1)) {
+            Next::Empty
+        } else if self.flow.from_snapshot
+            || s.pending_rows >= self.flow.commit.max_rows
+            || s.pending_bytes >= self.flow.commit.max_bytes
+        {
+            Next::Full
+        } else {
+            Next::Some
+        }
+    }
+}
+
 /// Commits the contiguous run of pending batches after the applied offset
-/// (bounded by the commit policy). Returns whether more is pending.
+/// (bounded by the commit policy). Returns what is left pending.
 async fn commit_once(
     rt: &FlowRuntime,
     engine: &mut Option<Engine>,
     catalog: &Arc<dyn Catalog>,
     faults: &Arc<Faults>,
     window: Duration,
-) -> Result<bool> {
+) -> Result<Next> {
     if engine.is_none() {
-        *engine = Some(Engine::open(rt.flow.clone(), catalog.clone(), faults.clone()).await?);
+        *engine = Some(
+            Engine::open_for_log(
+                rt.flow.clone(),
+                catalog.clone(),
+                faults.clone(),
+                Some(rt.log_ref.clone()),
+            )
+            .await?,
+        );
     }
     let eng = engine.as_mut().expect("opened above");
     let (batches, last, bytes) = {
@@ -619,7 +761,7 @@ async fn commit_once(
         (batches, next - 1, bytes)
     };
     if batches.is_empty() {
-        return Ok(false);
+        return Ok(Next::Empty);
     }
     let n = batches.len();
     let first = last + 1 - n as i64;
@@ -680,7 +822,7 @@ async fn commit_once(
     };
     let ms = started.elapsed().as_secs_f64() * 1e3;
     let summary = eng.summary();
-    let more = {
+    let next = {
         let mut inner = rt.lock();
         let mut rows = 0;
         for off in first..=last {
@@ -709,9 +851,10 @@ async fn commit_once(
             s.commits += 1;
             s.commit_ms_total += ms;
         }
-        inner.pending.contains_key(&(last + 1))
+        rt.next_after_commit(&inner)
     };
     if report.snapshot_id.is_some() {
+        rt.record_commit_ms(ms);
         let mut h = rt.commit_hist.lock().unwrap_or_else(|e| e.into_inner());
         let b = COMMIT_BUCKETS
             .iter()
@@ -727,7 +870,7 @@ async fn commit_once(
     rt.log
         .release(last, now.saturating_sub(window.as_millis() as i64))
         .await?;
-    Ok(more)
+    Ok(next)
 }
 
 /// Where the flows' logs live, for tools and tests.

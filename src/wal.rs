@@ -46,6 +46,18 @@ pub struct LogStats {
     /// The offset the next append gets.
     pub next_offset: i64,
     pub remembered_keys: usize,
+    /// The bound on `bytes` (`max_log_bytes`): committed segments are
+    /// released before their idempotency window ends to stay under it, and
+    /// appends are refused (429) when uncommitted records alone reach it.
+    pub max_bytes: u64,
+    /// When the oldest retained record was appended.
+    pub oldest_appended_ms: Option<i64>,
+    /// Segments released before their idempotency window ended, to keep the
+    /// log under `max_bytes`.
+    pub early_released_segments: u64,
+    /// The newest append time among records released early: an idempotency
+    /// key appended at or before it is no longer recognised.
+    pub idempotency_floor_ms: Option<i64>,
 }
 
 #[async_trait::async_trait]
@@ -58,10 +70,36 @@ pub trait IngestLog: Send + Sync + std::fmt::Debug {
     async fn replay(&self, after: i64) -> Result<Vec<Record>>;
 
     /// Everything through `offset` is committed: segments holding only
-    /// such records, all appended before `keep_after_ms`, are deleted.
+    /// such records, all appended before `keep_after_ms`, are deleted; so
+    /// are younger committed segments, oldest first, while the log is near
+    /// its byte bound.
     async fn release(&self, offset: i64, keep_after_ms: i64) -> Result<()>;
 
     fn stats(&self) -> LogStats;
+}
+
+/// The identity of the log in `dir`: a UUID made when the log is created
+/// and kept in `dir/log-id`. The target records each log's committed offset
+/// under it, so several logs can feed one flow.
+pub fn identity(dir: &Path) -> Result<String> {
+    let path = dir.join("log-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    std::fs::create_dir_all(dir)?;
+    let id = uuid::Uuid::new_v4().to_string();
+    let tmp = dir.join("log-id.tmp");
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(id.as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, &path)?;
+    sync_dir(dir)?;
+    Ok(id)
 }
 
 const MAGIC: u32 = 0xACDC_0001;
@@ -73,12 +111,24 @@ const MAX_RECORD: usize = 1 << 30;
 struct Segment {
     first: i64,
     last: i64,
+    first_ms: i64,
     last_ms: i64,
     bytes: u64,
     keys: Vec<String>,
 }
 
 impl Segment {
+    fn empty(first: i64) -> Segment {
+        Segment {
+            first,
+            last: first - 1,
+            first_ms: 0,
+            last_ms: 0,
+            bytes: 0,
+            keys: Vec::new(),
+        }
+    }
+
     fn path(&self, dir: &Path) -> PathBuf {
         segment_path(dir, self.first)
     }
@@ -185,14 +235,26 @@ struct Writer {
     next: i64,
     keys: HashMap<String, i64>,
     segment_bytes: u64,
+    max_bytes: u64,
+    /// Everything through this offset is committed downstream.
+    released_through: i64,
+    early_released: u64,
+    floor_ms: Option<i64>,
     failed: Option<String>,
     stats: Arc<Mutex<LogStats>>,
 }
 
 impl LocalLog {
     /// Opens (or creates) the log in `dir`. `committed` is the highest
-    /// offset already committed downstream; new offsets follow it.
-    pub fn open(dir: &Path, committed: i64, segment_bytes: u64, queue: usize) -> Result<LocalLog> {
+    /// offset already committed downstream; new offsets follow it. The log
+    /// holds at most `max_bytes` (see `LogStats::max_bytes`).
+    pub fn open(
+        dir: &Path,
+        committed: i64,
+        segment_bytes: u64,
+        max_bytes: u64,
+        queue: usize,
+    ) -> Result<LocalLog> {
         std::fs::create_dir_all(dir)?;
         let firsts = segment_firsts(dir)?;
         let mut segments = Vec::new();
@@ -229,6 +291,7 @@ impl LocalLog {
             let mut seg = Segment {
                 first,
                 last: first - 1,
+                first_ms: records[0].appended_ms,
                 last_ms: 0,
                 bytes: valid,
                 keys: Vec::new(),
@@ -245,13 +308,7 @@ impl LocalLog {
             segments.push(seg);
         }
         // Appends go to a fresh segment, so an existing file is never appended to.
-        segments.push(Segment {
-            first: next,
-            last: next - 1,
-            last_ms: 0,
-            bytes: 0,
-            keys: Vec::new(),
-        });
+        segments.push(Segment::empty(next));
         let file = OpenOptions::new()
             .create(true)
             .append(true)
@@ -265,6 +322,10 @@ impl LocalLog {
             next,
             keys,
             segment_bytes,
+            max_bytes,
+            released_through: committed,
+            early_released: 0,
+            floor_ms: None,
             failed: None,
             stats: stats.clone(),
         };
@@ -313,6 +374,8 @@ impl Writer {
 
     fn handle(&mut self, group: Vec<Cmd>) {
         let mut acks = Vec::new();
+        // Records from this offset on are not durable until the sync below.
+        let first_new = self.next;
         for cmd in group {
             match cmd {
                 Cmd::Append {
@@ -351,10 +414,13 @@ impl Writer {
         };
         if let Err(e) = &synced {
             self.failed = Some(e.to_string());
+            // A key counts only once its record is durable: a retry must
+            // not be told `duplicate` for a record that may be lost.
+            self.keys.retain(|_, &mut o| o < first_new);
         }
         for (reply, res) in acks {
             let res = match (&synced, res) {
-                (Err(e), Ok(a)) if !a.duplicate => Err(Error::State {
+                (Err(e), Ok(a)) if a.offset >= first_new => Err(Error::State {
                     code: "AUTOCDC_WAL.WRITE_FAILED",
                     message: format!("the write-ahead log could not be synced: {e}"),
                 }),
@@ -393,12 +459,35 @@ impl Writer {
             payload,
         };
         let frame = encode(&rec);
+        let need = frame.len() as u64;
+        if self.bytes() + need > self.max_bytes {
+            self.evict(self.max_bytes.saturating_sub(need))?;
+            if self.bytes() + need > self.max_bytes {
+                let uncommitted: u64 = self
+                    .segments
+                    .iter()
+                    .filter(|s| s.last > self.released_through)
+                    .map(|s| s.bytes)
+                    .sum();
+                return Err(Error::Overloaded {
+                    message: format!(
+                        "the flow's log holds {} bytes, {uncommitted} of them not yet committed (max_log_bytes = {}); retry after a commit",
+                        self.bytes(),
+                        self.max_bytes
+                    ),
+                    retry_after_secs: 1,
+                });
+            }
+        }
         if let Err(e) = self.file.write_all(&frame) {
             self.failed = Some(e.to_string());
             return Err(e.into());
         }
         self.next += 1;
         let seg = self.segments.last_mut().expect("an active segment");
+        if seg.bytes == 0 {
+            seg.first_ms = now_ms;
+        }
         seg.last = offset;
         seg.last_ms = now_ms;
         seg.bytes += frame.len() as u64;
@@ -420,17 +509,12 @@ impl Writer {
             .open(segment_path(&self.dir, self.next))?;
         sync_dir(&self.dir)?;
         self.file = BufWriter::with_capacity(1 << 20, file);
-        self.segments.push(Segment {
-            first: self.next,
-            last: self.next - 1,
-            last_ms: 0,
-            bytes: 0,
-            keys: Vec::new(),
-        });
+        self.segments.push(Segment::empty(self.next));
         Ok(())
     }
 
     fn release(&mut self, offset: i64, keep_after_ms: i64) -> Result<()> {
+        self.released_through = self.released_through.max(offset);
         // A fully committed active segment is closed so it can go later.
         if self
             .segments
@@ -442,29 +526,82 @@ impl Writer {
         let n = self.segments.len();
         let mut keep = Vec::with_capacity(n);
         for (i, s) in std::mem::take(&mut self.segments).into_iter().enumerate() {
-            let done = i + 1 < n && s.last <= offset && s.last_ms < keep_after_ms;
-            if done {
-                std::fs::remove_file(s.path(&self.dir))?;
-                for k in &s.keys {
-                    if self.keys.get(k).is_some_and(|&o| o <= s.last) {
-                        self.keys.remove(k);
-                    }
-                }
+            if i + 1 < n && s.last <= offset && s.last_ms < keep_after_ms {
+                self.remove(&s)?;
             } else {
                 keep.push(s);
             }
         }
         self.segments = keep;
+        // Keep two segments of headroom under the bound, so that appends
+        // seldom have to release segments themselves.
+        self.evict(
+            self.max_bytes
+                .saturating_sub(2 * self.segment_bytes)
+                .max(self.max_bytes / 2),
+        )
+    }
+
+    fn bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.bytes).sum()
+    }
+
+    /// Releases committed segments, oldest first, before their idempotency
+    /// window ends, until the log holds at most `target` bytes (or no
+    /// committed segment is left).
+    fn evict(&mut self, target: u64) -> Result<()> {
+        if self.bytes() <= target {
+            return Ok(());
+        }
+        if self
+            .segments
+            .last()
+            .is_some_and(|s| s.bytes > 0 && s.last <= self.released_through)
+        {
+            self.roll()?;
+        }
+        let mut total = self.bytes();
+        while total > target
+            && self.segments.len() > 1
+            && self.segments[0].last <= self.released_through
+        {
+            let s = self.segments.remove(0);
+            self.remove(&s)?;
+            total -= s.bytes;
+            if s.bytes > 0 {
+                self.early_released += 1;
+                self.floor_ms = self.floor_ms.max(Some(s.last_ms));
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes a released segment's file and forgets its idempotency keys.
+    fn remove(&mut self, s: &Segment) -> Result<()> {
+        std::fs::remove_file(s.path(&self.dir))?;
+        for k in &s.keys {
+            if self.keys.get(k).is_some_and(|&o| o <= s.last) {
+                self.keys.remove(k);
+            }
+        }
         Ok(())
     }
 
     fn publish(&self) {
         let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
         *s = LogStats {
-            bytes: self.segments.iter().map(|s| s.bytes).sum(),
+            bytes: self.bytes(),
             segments: self.segments.len(),
             next_offset: self.next,
             remembered_keys: self.keys.len(),
+            max_bytes: self.max_bytes,
+            oldest_appended_ms: self
+                .segments
+                .iter()
+                .find(|s| s.bytes > 0)
+                .map(|s| s.first_ms),
+            early_released_segments: self.early_released,
+            idempotency_floor_ms: self.floor_ms,
         };
     }
 }
@@ -528,13 +665,13 @@ mod tests {
     fn appends_replay_in_order_after_reopen() {
         let tmp = tempfile::tempdir().unwrap();
         rt().block_on(async {
-            let log = LocalLog::open(tmp.path(), 0, 1 << 20, 8).unwrap();
+            let log = LocalLog::open(tmp.path(), 0, 1 << 20, u64::MAX, 8).unwrap();
             for (i, s) in ["a", "b", "c"].iter().enumerate() {
                 let a = log.append(None, b(s), 10).await.unwrap();
                 assert_eq!(a.offset, i as i64 + 1);
             }
             drop(log);
-            let log = LocalLog::open(tmp.path(), 0, 1 << 20, 8).unwrap();
+            let log = LocalLog::open(tmp.path(), 0, 1 << 20, u64::MAX, 8).unwrap();
             let got: Vec<(i64, Bytes)> = log
                 .replay(1)
                 .await
@@ -551,7 +688,7 @@ mod tests {
     fn a_retried_key_gets_the_first_offset_and_appends_nothing() {
         let tmp = tempfile::tempdir().unwrap();
         rt().block_on(async {
-            let log = LocalLog::open(tmp.path(), 0, 1 << 20, 8).unwrap();
+            let log = LocalLog::open(tmp.path(), 0, 1 << 20, u64::MAX, 8).unwrap();
             let a = log.append(Some("k1".into()), b("x"), 1).await.unwrap();
             let again = log.append(Some("k1".into()), b("x"), 2).await.unwrap();
             assert_eq!(
@@ -563,7 +700,7 @@ mod tests {
             );
             drop(log);
             // Still remembered after a restart.
-            let log = LocalLog::open(tmp.path(), 0, 1 << 20, 8).unwrap();
+            let log = LocalLog::open(tmp.path(), 0, 1 << 20, u64::MAX, 8).unwrap();
             let again = log.append(Some("k1".into()), b("x"), 3).await.unwrap();
             assert!(again.duplicate);
             assert_eq!(log.replay(0).await.unwrap().len(), 1);
@@ -574,7 +711,7 @@ mod tests {
     fn a_torn_tail_is_cut_and_offsets_continue() {
         let tmp = tempfile::tempdir().unwrap();
         rt().block_on(async {
-            let log = LocalLog::open(tmp.path(), 0, 1 << 20, 8).unwrap();
+            let log = LocalLog::open(tmp.path(), 0, 1 << 20, u64::MAX, 8).unwrap();
             log.append(None, b("one"), 1).await.unwrap();
             log.append(None, b("two"), 1).await.unwrap();
             drop(log);
@@ -587,7 +724,7 @@ mod tests {
                 .unwrap()
                 .set_len(len - 2)
                 .unwrap();
-            let log = LocalLog::open(tmp.path(), 0, 1 << 20, 8).unwrap();
+            let log = LocalLog::open(tmp.path(), 0, 1 << 20, u64::MAX, 8).unwrap();
             let got = log.replay(0).await.unwrap();
             assert_eq!(got.len(), 1);
             assert_eq!(got[0].payload, b("one"));
@@ -601,7 +738,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         rt().block_on(async {
             // Tiny segments: every record rolls a new one.
-            let log = LocalLog::open(tmp.path(), 0, 1, 8).unwrap();
+            let log = LocalLog::open(tmp.path(), 0, 1, u64::MAX, 8).unwrap();
             for i in 0..4 {
                 log.append(Some(format!("k{i}")), b("p"), 100 + i)
                     .await
@@ -635,7 +772,7 @@ mod tests {
             // Everything committed and released: a reopen continues after it.
             log.release(5, 10_000).await.unwrap();
             drop(log);
-            let log = LocalLog::open(tmp.path(), 5, 1, 8).unwrap();
+            let log = LocalLog::open(tmp.path(), 5, 1, u64::MAX, 8).unwrap();
             assert!(log.replay(0).await.unwrap().is_empty());
             assert_eq!(log.append(None, b("p"), 6).await.unwrap().offset, 6);
         });
@@ -650,7 +787,7 @@ mod tests {
             .build()
             .unwrap();
         rt.block_on(async {
-            let log = Arc::new(LocalLog::open(tmp.path(), 0, 1 << 20, 64).unwrap());
+            let log = Arc::new(LocalLog::open(tmp.path(), 0, 1 << 20, u64::MAX, 64).unwrap());
             let mut tasks = Vec::new();
             for i in 0..200 {
                 let log = log.clone();

@@ -1082,3 +1082,238 @@ fn an_scd2_flow_over_http_keeps_history() {
         r.stop().await.unwrap();
     });
 }
+
+// ---- Commit cadence and the log's byte bound ----
+
+/// Distinct events: key `i % keys`, sequence `i`, a city from a few.
+fn events(from: i64, n: i64, keys: i64) -> Vec<Ev> {
+    const CITIES: [&str; 4] = ["Leeds", "York", "Bath", "Hull"];
+    (from..from + n)
+        .map(|i| u(i % keys, CITIES[(i % 4) as usize], i))
+        .collect()
+}
+
+/// Under a steady load, commits start `commit_interval` apart: the
+/// committer does not commit again at once just because something arrived
+/// during the last commit.
+#[test]
+fn under_steady_load_commits_follow_the_interval() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let r = start(config(tmp.path(), vec![flow_cfg("c", "400ms")])).await;
+        let c = reqwest::Client::new();
+        let changes = url(&r, "/v1/flows/c/changes");
+        let started = std::time::Instant::now();
+        let mut all = Vec::new();
+        let mut i = 0;
+        while started.elapsed() < std::time::Duration::from_secs(4) {
+            let evs = events(i * 5, 5, 50);
+            let (s, _) = post(&c, &changes, "application/x-ndjson", ndjson(&evs), None).await;
+            assert_eq!(s, 202);
+            all.extend(evs);
+            i += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        let st = flow_status(&c, &r, "c").await;
+        let commits = st["status"]["commits"].as_u64().unwrap();
+        // At most one commit per interval (plus the first tick's slack); the
+        // pushes alone (hundreds) would have driven many more before.
+        let most = (elapsed / 0.4).ceil() as u64 + 1;
+        assert!(
+            (2..=most).contains(&commits),
+            "{commits} commits in {elapsed:.1} s at a 400 ms interval over {i} pushes"
+        );
+        assert!(
+            st["status"]["recent_commit_ms_p50"].as_f64().is_some(),
+            "{st}"
+        );
+        commit(&c, &r, "c").await;
+        assert_eq!(table(tmp.path(), "c").await, expected(&all));
+        r.stop().await.unwrap();
+    });
+}
+
+/// More than one commit's worth waiting is committed at once, commit after
+/// commit; less than that waits for the interval (or `/commit`).
+#[test]
+fn a_commits_worth_pending_is_committed_at_once_and_the_rest_waits() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let mut f = flow_cfg("c", "1h");
+        f.commit_max_rows = Some(4);
+        let r = start(config(tmp.path(), vec![f])).await;
+        let c = reqwest::Client::new();
+        let changes = url(&r, "/v1/flows/c/changes");
+        let mut all = Vec::new();
+        for i in 0..5 {
+            let evs = events(i * 2, 2, 100);
+            let (s, _) = post(&c, &changes, "application/x-ndjson", ndjson(&evs), None).await;
+            assert_eq!(s, 202);
+            all.extend(evs);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let st = loop {
+            let st = flow_status(&c, &r, "c").await;
+            if st["status"]["applied_offset"] == 4 || std::time::Instant::now() > deadline {
+                break st;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        assert_eq!(st["status"]["applied_offset"], 4, "{st}");
+        assert_eq!(st["status"]["commits"], 2, "{st}");
+        // The fifth batch (2 rows, under commit_max_rows) waits for the hour.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let st = flow_status(&c, &r, "c").await;
+        assert_eq!(st["status"]["pending_batches"], 1, "{st}");
+        assert_eq!(commit(&c, &r, "c").await["offset"], 5);
+        assert_eq!(table(tmp.path(), "c").await, expected(&all));
+        r.stop().await.unwrap();
+    });
+}
+
+/// `max_log_bytes`: committed records leave the log before their
+/// idempotency window ends to keep it under the bound; the shortened window
+/// is reported; a retry of a forgotten key is applied again, harmlessly.
+#[test]
+fn the_log_stays_under_max_log_bytes_and_reports_the_shorter_window() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let mut f = flow_cfg("c", "1h");
+        f.max_log_bytes = Some(64 << 10);
+        let r = start(config(tmp.path(), vec![f])).await;
+        let c = reqwest::Client::new();
+        let changes = url(&r, "/v1/flows/c/changes?wait=commit");
+        let mut all = Vec::new();
+        let mut first = None;
+        for i in 0..60 {
+            let evs = events(i * 40, 40, 500);
+            let (s, body) = post(
+                &c,
+                &changes,
+                "application/x-ndjson",
+                ndjson(&evs),
+                Some(&format!("k{i}")),
+            )
+            .await;
+            assert_eq!(s, 200, "{body}");
+            first.get_or_insert(body);
+            all.extend(evs);
+            let st = flow_status(&c, &r, "c").await;
+            let bytes = st["status"]["wal"]["bytes"].as_u64().unwrap();
+            assert!(bytes <= 64 << 10, "log at {bytes} bytes: {st}");
+        }
+        let st = flow_status(&c, &r, "c").await;
+        assert_eq!(st["status"]["wal"]["max_bytes"], 64 << 10, "{st}");
+        assert!(
+            st["status"]["wal"]["early_released_segments"]
+                .as_u64()
+                .unwrap()
+                > 0,
+            "{st}"
+        );
+        let window = st["status"]["idempotency_window_ms"].as_i64().unwrap();
+        assert!(window < 15 * 60 * 1000, "window {window}: {st}");
+        // The first key was forgotten early: its retry is appended again and
+        // its changes resolve as duplicates.
+        let (s, again) = post(
+            &c,
+            &changes,
+            "application/x-ndjson",
+            ndjson(&events(0, 40, 500)),
+            Some("k0"),
+        )
+        .await;
+        assert_eq!(s, 200, "{again}");
+        assert_eq!(again["duplicate"], false, "{again}");
+        assert_ne!(again["offset"], first.unwrap()["offset"]);
+        assert_eq!(table(tmp.path(), "c").await, expected(&all));
+        let metrics = c
+            .get(url(&r, "/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for m in [
+            "autocdc_wal_max_bytes{flow=\"c\"} 65536",
+            "autocdc_wal_early_released_segments_total{flow=\"c\"}",
+            "autocdc_idempotency_window_seconds{flow=\"c\"}",
+            "autocdc_wal_oldest_record_age_seconds{flow=\"c\"}",
+        ] {
+            assert!(metrics.contains(m), "{m} missing from\n{metrics}");
+        }
+        r.stop().await.unwrap();
+    });
+}
+
+/// When uncommitted records alone fill `max_log_bytes`, pushes get 429 with
+/// Retry-After and nothing acknowledged is dropped; a batch over half the
+/// bound is refused as too large.
+#[test]
+fn a_log_full_of_uncommitted_records_answers_429_and_keeps_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let mut f = flow_cfg("c", "1h");
+        f.max_log_bytes = Some(64 << 10);
+        let r = start(config(tmp.path(), vec![f])).await;
+        let c = reqwest::Client::new();
+        let changes = url(&r, "/v1/flows/c/changes");
+        let mut acked = Vec::new();
+        let mut refused = None;
+        for i in 0..200 {
+            let evs = events(i * 40, 40, 500);
+            let resp = c
+                .post(&changes)
+                .header("content-type", "application/x-ndjson")
+                .body(ndjson(&evs))
+                .send()
+                .await
+                .unwrap();
+            match resp.status().as_u16() {
+                202 => acked.extend(evs),
+                429 => {
+                    assert!(resp.headers().get("retry-after").is_some());
+                    refused = Some(resp.text().await.unwrap());
+                    break;
+                }
+                s => panic!("{s}: {}", resp.text().await.unwrap()),
+            }
+        }
+        let refused = refused.expect("the log filled up");
+        assert!(refused.contains("max_log_bytes"), "{refused}");
+        let st = flow_status(&c, &r, "c").await;
+        assert!(
+            st["status"]["wal"]["bytes"].as_u64().unwrap() <= 64 << 10,
+            "{st}"
+        );
+        commit(&c, &r, "c").await;
+        assert_eq!(table(tmp.path(), "c").await, expected(&acked));
+        // After the commit there is room again.
+        let (s, _) = post(
+            &c,
+            &changes,
+            "application/x-ndjson",
+            ndjson(&events(90_000, 40, 500)),
+            None,
+        )
+        .await;
+        assert_eq!(s, 202);
+        // One batch over half the bound can never fit: 400, not 429.
+        let (s, body) = post(
+            &c,
+            &changes,
+            "application/x-ndjson",
+            ndjson(&events(100_000, 2000, 5000)),
+            None,
+        )
+        .await;
+        assert_eq!(
+            (s, body["error"]["code"].as_str()),
+            (400, Some("AUTOCDC_MICROBATCH_VALIDATION.TOO_LARGE")),
+            "{body}"
+        );
+        r.stop().await.unwrap();
+    });
+}
