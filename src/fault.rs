@@ -34,36 +34,50 @@ impl FaultPoint {
     ];
 }
 
-/// Armed faults: each fires once, the `n`-th time its point is reached.
+/// Armed faults: each fires once, the `n`-th time its point is reached,
+/// as an error (a crash) or as a panic (a bug).
 #[derive(Debug, Default)]
 pub struct Faults {
-    armed: Mutex<Vec<(FaultPoint, usize)>>,
+    armed: Mutex<Vec<(FaultPoint, usize, bool)>>,
 }
 
 impl Faults {
     /// Fires at the `nth` (0-based) time `point` is reached from now on.
     pub fn arm(&self, point: FaultPoint, nth: usize) {
-        self.armed.lock().expect("faults lock").push((point, nth));
+        self.armed
+            .lock()
+            .expect("faults lock")
+            .push((point, nth, false));
+    }
+
+    /// Like `arm`, but the fault panics: a bug in the commit path.
+    pub fn arm_panic(&self, point: FaultPoint, nth: usize) {
+        self.armed
+            .lock()
+            .expect("faults lock")
+            .push((point, nth, true));
     }
 
     pub fn hit(&self, point: FaultPoint) -> Result<()> {
-        let mut armed = self.armed.lock().expect("faults lock");
-        let mut fire = false;
-        armed.retain_mut(|(p, n)| {
-            if *p != point {
-                return true;
-            }
-            if *n == 0 {
-                fire = true;
-                return false;
-            }
-            *n -= 1;
-            true
-        });
-        if fire {
-            Err(Error::InjectedFault(point))
-        } else {
-            Ok(())
+        let mut fire = None;
+        self.armed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain_mut(|(p, n, panics)| {
+                if *p != point {
+                    return true;
+                }
+                if *n == 0 {
+                    fire = Some(*panics);
+                    return false;
+                }
+                *n -= 1;
+                true
+            });
+        match fire {
+            None => Ok(()),
+            Some(false) => Err(Error::InjectedFault(point)),
+            Some(true) => panic!("injected panic at {point:?}"),
         }
     }
 }

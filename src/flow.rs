@@ -128,6 +128,12 @@ fn parse_duration_setting(name: &str, s: &str) -> Result<Duration> {
     })
 }
 
+/// The longest flow name (it names a folder and a metric label).
+pub const MAX_FLOW_NAME: usize = 128;
+pub const DEFAULT_MAX_KEY_BYTES: usize = 1024;
+/// The key index stores a key in at most 64 KiB of row-encoded bytes.
+pub const MAX_KEY_BYTES_LIMIT: usize = 32 << 10;
+
 /// The smallest `max_log_bytes` honoured (smaller settings are raised to it).
 pub const MIN_LOG_BYTES: u64 = 64 << 10;
 
@@ -396,6 +402,10 @@ pub struct FlowConfig {
     /// under it; when uncommitted records alone fill it, pushes get 429.
     #[serde(default)]
     pub max_log_bytes: Option<u64>,
+    /// The most bytes of a change's string and binary key values together
+    /// (and, apart, of its sequence values); default 1024, at most 32768.
+    #[serde(default)]
+    pub max_key_bytes: Option<usize>,
 }
 
 fn default_scd_type() -> u8 {
@@ -431,6 +441,9 @@ pub struct Flow {
     pub commit: CommitPolicy,
     pub on_tie: TiePolicy,
     pub target_file_size_bytes: u64,
+    /// The most bytes of a change's string and binary key values (and, apart,
+    /// of its sequence values); longer ones are refused at ingest.
+    pub max_key_bytes: usize,
 }
 
 impl Config {
@@ -536,14 +549,19 @@ impl Flow {
         let flow = config.name.clone();
         let f = flow.as_str();
         if flow.is_empty()
+            || flow.len() > MAX_FLOW_NAME
             || !flow
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
         {
+            let shown: String = flow.chars().take(40).collect();
             return Err(Error::definition(
-                f,
+                &shown,
                 codes::INVALID_DEFINITION,
-                "flow names use letters, digits, `_` and `-` only",
+                format!(
+                    "flow names are 1 to {MAX_FLOW_NAME} letters, digits, `_` and `-` (this one has {} characters)",
+                    flow.chars().count()
+                ),
             ));
         }
         let target = parse_table_ident(f, &config.target)?;
@@ -910,6 +928,14 @@ impl Flow {
                 )
             })?,
         };
+        let max_key_bytes = config.max_key_bytes.unwrap_or(DEFAULT_MAX_KEY_BYTES);
+        if max_key_bytes == 0 || max_key_bytes > MAX_KEY_BYTES_LIMIT {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_DEFINITION,
+                format!("max_key_bytes = {max_key_bytes}: use 1 to {MAX_KEY_BYTES_LIMIT}"),
+            ));
+        }
         let commit = CommitPolicy {
             interval: interval.max(Duration::from_millis(10)),
             max_rows: config.commit_max_rows.unwrap_or(1_000_000).max(1),
@@ -925,6 +951,7 @@ impl Flow {
             target,
             on_tie: config.on_sequence_tie,
             target_file_size_bytes: config.target_file_size_bytes.unwrap_or(128 << 20),
+            max_key_bytes,
             config,
             source_arrow,
             key_idx,

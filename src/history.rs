@@ -25,9 +25,9 @@ use arrow_schema::{DataType, SchemaRef};
 use arrow_select::take::take;
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::error::{Error, Result, codes};
+use crate::error::{Error, Result};
 use crate::flow::{END_AT, Flow, START_AT, TiePolicy};
-use crate::resolve::{BatchStats, Codec, mask, tie_error, validate};
+use crate::resolve::{BatchStats, Codec, mask, required_null, tie_error, validate};
 use crate::state::{FileTable, Loc};
 
 /// Encoders for single values of the flow's value columns (the target
@@ -588,13 +588,7 @@ pub fn resolve(
         }
         if let Some(r) = plan.inserts.iter().find(|r| hc.is_null(j, &r.vals[j])) {
             let row = (0..n).find(|&i| keys.row(i).data() == &*r.key).unwrap_or(0);
-            return Err(Error::Batch {
-                code: codes::BAD_COLUMN,
-                flow: flow.name.clone(),
-                row,
-                column: flow.column_name(c).to_string(),
-                message: "required column is null in an upsert; send a value or declare the column without `required`".into(),
-            });
+            return Err(required_null(flow, row, c));
         }
     }
     plan.remove_positions.sort_unstable();

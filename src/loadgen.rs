@@ -41,7 +41,8 @@ pub struct LoadArgs {
     pub seed: u64,
 }
 
-const FLOW: &str = r#"
+/// The flow `bench-serve` and `soak` push to (name and target are set per run).
+pub(crate) const FLOW: &str = r#"
 name = "load"
 target = "bench.load"
 keys = ["id"]

@@ -174,7 +174,122 @@ pub fn validate(flow: &Flow, batch: &RecordBatch) -> Result<()> {
             }
         }
     }
+    for (idxs, what) in [(&flow.key_idx, "key"), (&flow.seq_idx, "sequence")] {
+        check_lengths(flow, batch, idxs, what)?;
+    }
+    check_required(flow, batch, truncates.as_ref())
+}
+
+/// Every upsert fills the target's required columns (deletes and truncates
+/// need only keys and sequences). With `ignore_null_updates` a null keeps
+/// the column's value, so only the folded row can be checked, at commit.
+fn check_required(
+    flow: &Flow,
+    batch: &RecordBatch,
+    truncates: Option<&arrow_array::BooleanArray>,
+) -> Result<()> {
+    if flow.ignore_null_updates {
+        return Ok(());
+    }
+    let cols: Vec<usize> = flow
+        .target_cols
+        .iter()
+        .copied()
+        .filter(|&c| flow.required(c) && batch.column(c).null_count() > 0)
+        .collect();
+    if cols.is_empty() {
+        return Ok(());
+    }
+    let deletes = mask(flow, flow.deletes.as_ref(), batch)?;
+    let skip = |m: Option<&arrow_array::BooleanArray>, r: usize| {
+        m.is_some_and(|m| m.is_valid(r) && m.value(r))
+    };
+    for c in cols {
+        let a = batch.column(c);
+        if let Some(row) = (0..a.len())
+            .find(|&r| a.is_null(r) && !skip(deletes.as_ref(), r) && !skip(truncates, r))
+        {
+            return Err(required_null(flow, row, c));
+        }
+    }
     Ok(())
+}
+
+/// The string and binary values of a change's key (or sequence) columns
+/// together hold at most `max_key_bytes`: the key index could not hold a
+/// longer one, so it is refused here, before the acknowledgement.
+fn check_lengths(flow: &Flow, batch: &RecordBatch, idxs: &[usize], what: &str) -> Result<()> {
+    use arrow_array::cast::AsArray;
+    use arrow_schema::DataType;
+    let variable = |i: &usize| {
+        matches!(
+            batch.column(*i).data_type(),
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Binary | DataType::LargeBinary
+        )
+    };
+    if !idxs.iter().any(variable) {
+        return Ok(());
+    }
+    let rows = batch.num_rows();
+    let mut total = vec![0usize; rows];
+    // Per row, the column with the longest value: the one the error names.
+    let mut longest = vec![(0usize, usize::MAX); rows];
+    for &i in idxs {
+        let a = batch.column(i);
+        let lens: Vec<usize> = match a.data_type() {
+            DataType::Utf8 => a
+                .as_string::<i32>()
+                .iter()
+                .map(|v| v.map_or(0, str::len))
+                .collect(),
+            DataType::LargeUtf8 => a
+                .as_string::<i64>()
+                .iter()
+                .map(|v| v.map_or(0, str::len))
+                .collect(),
+            DataType::Binary => a
+                .as_binary::<i32>()
+                .iter()
+                .map(|v| v.map_or(0, <[u8]>::len))
+                .collect(),
+            DataType::LargeBinary => a
+                .as_binary::<i64>()
+                .iter()
+                .map(|v| v.map_or(0, <[u8]>::len))
+                .collect(),
+            _ => continue,
+        };
+        for (r, n) in lens.into_iter().enumerate() {
+            total[r] += n;
+            if longest[r].1 == usize::MAX || n > longest[r].0 {
+                longest[r] = (n, i);
+            }
+        }
+    }
+    match total.iter().position(|&n| n > flow.max_key_bytes) {
+        None => Ok(()),
+        Some(row) => Err(Error::Batch {
+            code: codes::KEY_TOO_LONG,
+            flow: flow.name.clone(),
+            row,
+            column: flow.column_name(longest[row].1).to_string(),
+            message: format!(
+                "the {what} values of this change are {} bytes, over max_key_bytes = {}",
+                total[row], flow.max_key_bytes
+            ),
+        }),
+    }
+}
+
+/// An upsert whose required column `c` is null.
+pub(crate) fn required_null(flow: &Flow, row: usize, c: usize) -> Error {
+    Error::Batch {
+        code: codes::BAD_COLUMN,
+        flow: flow.name.clone(),
+        row,
+        column: flow.column_name(c).to_string(),
+        message: "required column is null in an upsert; send a value or declare the column without `required`".into(),
+    }
 }
 
 /// The fingerprint of the deletes autocdc makes (a truncate's, a key missing
@@ -378,13 +493,7 @@ pub fn resolve(
             continue;
         }
         if let Some(&r) = inserts.iter().find(|&&r| a.is_null(r as usize)) {
-            return Err(Error::Batch {
-                code: codes::BAD_COLUMN,
-                flow: flow.name.clone(),
-                row: r as usize,
-                column: flow.column_name(c).to_string(),
-                message: "required column is null in an upsert; send a value or declare the column without `required`".into(),
-            });
+            return Err(required_null(flow, r as usize, c));
         }
     }
 

@@ -131,6 +131,10 @@ pub fn router(service: Arc<Service>) -> Router {
             service.clone(),
             request_timeout,
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            service.clone(),
+            content_length_limit,
+        ))
         .with_state(service)
 }
 
@@ -206,6 +210,32 @@ async fn request_timeout(
             format!("the request took longer than {limit:?}; retry it (with its Idempotency-Key)"),
         )
         .into_response(),
+    }
+}
+
+/// A `Content-Length` over `max_body_bytes` is refused at once, before any
+/// of the body is read (the body limit alone would wait for it).
+async fn content_length_limit(
+    State(service): State<Arc<Service>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let limit = service.config.max_body_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match declared {
+        Some(n) if n > limit as u64 => plain(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "AUTOCDC_BODY_TOO_LARGE",
+            format!(
+                "the body is {n} bytes, over server.max_body_bytes = {limit}; send smaller requests"
+            ),
+        )
+        .into_response(),
+        _ => next.run(req).await,
     }
 }
 
@@ -341,6 +371,7 @@ async fn decode_body(
         .unwrap_or("")
         .trim()
         .to_ascii_lowercase();
+    let key = idempotency_key(headers)?;
     let f = rt.flow.clone();
     let batch = tokio::task::spawn_blocking(move || match ctype.as_str() {
         NDJSON | "application/jsonl" => Ok(input::decode_ndjson(&f, &body)),
@@ -367,18 +398,32 @@ async fn decode_body(
             ));
         }
     };
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    if key.as_ref().is_some_and(|k| k.len() > 200) {
-        return Err(plain(
+    Ok((batch, key))
+}
+
+/// The `Idempotency-Key` header: 1 to 200 visible ASCII characters. An
+/// empty key would make every later keyless-looking push a "duplicate".
+fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    let Some(v) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let bad = |why: &str| {
+        Err(plain(
             StatusCode::BAD_REQUEST,
             "AUTOCDC_BAD_IDEMPOTENCY_KEY",
-            "Idempotency-Key is longer than 200 bytes",
-        ));
+            format!("Idempotency-Key {why}"),
+        ))
+    };
+    let Ok(k) = v.to_str() else {
+        return bad("must be visible ASCII");
+    };
+    if k.trim().is_empty() {
+        return bad("is empty; leave the header out or send a non-empty key");
     }
-    Ok((batch, key))
+    if k.len() > 200 {
+        return bad("is longer than 200 bytes");
+    }
+    Ok(Some(k.to_string()))
 }
 
 /// Push a batch of changes. Validated whole, then made durable and acknowledged.
@@ -695,8 +740,9 @@ async fn readyz(State(service): State<Arc<Service>>) -> Response {
     let flows = service.flows();
     let degraded: Vec<_> = flows
         .iter()
-        .filter(|rt| rt.status().degraded)
-        .map(|rt| rt.flow.name.clone())
+        .map(|rt| (rt.flow.name.clone(), rt.status()))
+        .filter(|(_, s)| s.degraded)
+        .map(|(name, s)| json!({ "flow": name, "last_error": s.last_error }))
         .collect();
     if !service.is_ready() {
         return (

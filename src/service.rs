@@ -331,17 +331,58 @@ impl Service {
     }
 
     /// Creates or replaces a flow definition and persists it in `data_dir`.
+    /// Transactional: a definition that is refused (invalid, another flow's
+    /// target, drift from the existing target) changes nothing on disk or in
+    /// memory, and the running flow keeps running.
     pub async fn put_flow(self: &Arc<Self>, cfg: FlowConfig) -> Result<Arc<FlowRuntime>> {
         let flow = Flow::new(cfg.clone())?;
-        if let Ok(old) = self.flow(&flow.name) {
-            self.stop_flow(&old).await;
+        if let Some(other) = self
+            .flows()
+            .into_iter()
+            .find(|rt| rt.flow.name != flow.name && rt.flow.target == flow.target)
+        {
+            return Err(Error::Definition {
+                code: codes::TARGET_IN_USE,
+                flow: flow.name.clone(),
+                message: format!(
+                    "{} is the target of flow `{}`; two flows writing one table would undo each other's changes",
+                    cfg.target, other.flow.name
+                ),
+            });
         }
-        let dir = self.flow_dir(&flow.name);
+        // The existing target refuses a drifted definition here, before the
+        // running flow is touched.
+        drop(Engine::open(flow.clone(), self.catalog.clone(), self.faults.clone()).await?);
+        let old = self.flow(&flow.name).ok();
+        if let Some(old) = &old {
+            self.stop_flow(old).await;
+        }
+        self.persist(&flow.name, &cfg)?;
+        match self.start_flow(flow.clone()).await {
+            Ok(rt) => Ok(rt),
+            Err(e) => {
+                // Put the previous definition back (or none).
+                match old {
+                    Some(old) => {
+                        self.persist(&old.flow.name, &old.flow.config)?;
+                        self.start_flow(old.flow.clone()).await?;
+                    }
+                    None => {
+                        let _ = std::fs::remove_file(self.flow_dir(&flow.name).join("flow.json"));
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn persist(&self, name: &str, cfg: &FlowConfig) -> Result<()> {
+        let dir = self.flow_dir(name);
         std::fs::create_dir_all(&dir)?;
         let tmp = dir.join("flow.json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(&cfg)?)?;
+        std::fs::write(&tmp, serde_json::to_vec_pretty(cfg)?)?;
         std::fs::rename(&tmp, dir.join("flow.json"))?;
-        self.start_flow(flow).await
+        Ok(())
     }
 
     /// Stops a flow (committing what is pending) and forgets its definition;
@@ -654,12 +695,27 @@ async fn committer(
         next_start = tokio::time::Instant::now() + interval;
         // A commit is CPU-heavy (resolve, Parquet encoding): let the other
         // tasks of this worker (request handlers) move to another thread.
+        // A panic inside it is caught: the flow degrades and retries, the
+        // process and the other flows go on.
         let handle = tokio::runtime::Handle::current();
         let outcome = tokio::task::block_in_place(|| {
-            handle.block_on(commit_once(&rt, &mut engine, &catalog, &faults, window))
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                handle.block_on(commit_once(&rt, &mut engine, &catalog, &faults, window))
+            }))
+        })
+        .unwrap_or_else(|panic| {
+            // The engine may be half-way through a commit: reopen it.
+            engine = None;
+            Err(Error::State {
+                code: codes::COMMITTER_PANIC,
+                message: format!("the commit panicked: {}", panic_message(&*panic)),
+            })
         });
         match outcome {
             Ok(next) => {
+                if rt.lock().status.degraded {
+                    log_event("info", &rt.flow.name, "commit_recovered", "");
+                }
                 backoff = Duration::from_millis(100);
                 let asked = rt.requested.load(std::sync::atomic::Ordering::SeqCst);
                 if stopping && next == Next::Empty {
@@ -675,6 +731,16 @@ async fn committer(
                     inner.status.last_error = Some(e.to_string());
                     inner.status.degraded = true;
                 }
+                log_event(
+                    "error",
+                    &rt.flow.name,
+                    "commit_failed",
+                    &format!(
+                        "retry_in_ms={} error={:?}",
+                        backoff.as_millis(),
+                        e.to_string()
+                    ),
+                );
                 if stopping && backoff >= MAX_BACKOFF {
                     // Give up on the final commit; the log keeps the batches.
                     return;
@@ -685,6 +751,21 @@ async fn committer(
             }
         }
     }
+}
+
+/// The text of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// One structured line on stderr (logfmt): commit failures, recoveries.
+pub fn log_event(level: &str, flow: &str, event: &str, fields: &str) {
+    let ts = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    eprintln!("ts={ts} level={level} flow={flow:?} event={event} {fields}");
 }
 
 /// What is left for the committer after a commit.

@@ -63,20 +63,6 @@ pub struct SoakArgs {
     pub seed: u64,
 }
 
-const COLUMNS: &str = r#"
-keys = ["id"]
-sequence_by = "seq"
-apply_as_deletes = "op = 'DELETE'"
-except_column_list = ["op"]
-columns = [
-  { name = "id", type = "long", required = true },
-  { name = "name", type = "string" },
-  { name = "amount", type = "double" },
-  { name = "op", type = "string", required = true },
-  { name = "seq", type = "long", required = true },
-]
-"#;
-
 /// The latest change per key the client sent: (seq, deleted).
 type Oracle = HashMap<i64, (i64, bool)>;
 
@@ -162,10 +148,10 @@ pub async fn run(a: SoakArgs) -> Result<()> {
     let names: Vec<String> = (0..a.flows).map(|i| format!("soak_{i}")).collect();
     let mut flows = Vec::new();
     for name in &names {
-        let mut cfg: FlowConfig = toml::from_str(&format!(
-            "name = \"{name}\"\ntarget = \"soak.{name}\"\n{COLUMNS}"
-        ))
-        .map_err(|e| Error::Config(e.to_string()))?;
+        let mut cfg: FlowConfig =
+            toml::from_str(crate::loadgen::FLOW).map_err(|e| Error::Config(e.to_string()))?;
+        cfg.name = name.clone();
+        cfg.target = format!("soak.{name}");
         cfg.commit_interval = Some(a.commit_interval.clone());
         cfg.max_log_bytes = a.max_log_bytes;
         flows.push(cfg);

@@ -13,6 +13,7 @@ use autocdc::resolve::{self, BatchStats, Codec};
 use autocdc::state::{KeyIndex, Loc};
 use autocdc::state_table;
 
+pub mod http;
 pub mod scd;
 
 pub const CUSTOMERS: &str = r#"
