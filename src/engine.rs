@@ -399,6 +399,15 @@ impl Engine {
         Engine::open_for_log(flow, catalog, faults, None).await
     }
 
+    /// Whether the existing target (if any) accepts this definition: the
+    /// drift checks of `open`, without creating tables or reading the state.
+    pub async fn check_target(flow: &Flow, catalog: &dyn Catalog) -> Result<()> {
+        match catalog.load_table(&flow.target).await? {
+            Some(t) => check_schema(flow, &t.metadata),
+            None => Ok(()),
+        }
+    }
+
     /// Opens the flow for commits from one ingest log: the input offset read
     /// and recorded is that log's entry of `autocdc.input-offsets`.
     pub async fn open_for_log(

@@ -351,8 +351,8 @@ impl Service {
             });
         }
         // The existing target refuses a drifted definition here, before the
-        // running flow is touched.
-        drop(Engine::open(flow.clone(), self.catalog.clone(), self.faults.clone()).await?);
+        // running flow is touched (without reading the state a second time).
+        Engine::check_target(&flow, self.catalog.as_ref()).await?;
         let old = self.flow(&flow.name).ok();
         if let Some(old) = &old {
             self.stop_flow(old).await;
