@@ -21,6 +21,9 @@ pub enum FaultPoint {
     AfterTargetMetadata,
     /// Everything is committed; the caller has not been told.
     AfterTargetCommit,
+    /// Not a commit step: an ingest log's fsync fails (a full or failing
+    /// disk). Not in `ALL`.
+    LogSync,
 }
 
 impl FaultPoint {

@@ -54,6 +54,24 @@ pub struct ServerConfig {
     pub tokens: Vec<TokenConfig>,
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
+    /// Rows in one pushed body.
+    #[serde(default = "default_max_rows")]
+    pub max_rows_per_request: usize,
+    /// A client must send a request's head within this long, and an idle
+    /// keep-alive connection is closed after it.
+    #[serde(default = "default_header_read_timeout")]
+    pub header_read_timeout: String,
+    /// Open client connections at most; past it a new connection is closed
+    /// at once. Keep it below the process's open-file limit.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// At shutdown, how long requests in flight may take before their
+    /// connections are closed; what was acknowledged is committed after.
+    #[serde(default = "default_shutdown_grace")]
+    pub shutdown_grace: String,
+    /// Records kept per flow in its dead-letter area; the oldest go first.
+    #[serde(default = "default_max_dead_letters")]
+    pub max_dead_letters: usize,
     #[serde(default = "default_request_timeout")]
     pub request_timeout: String,
     /// How long an idempotency key is remembered after its batch was committed.
@@ -73,6 +91,10 @@ pub struct TokenConfig {
     /// The flows this token may use; empty means all.
     #[serde(default)]
     pub flows: Vec<String>,
+    /// The namespaces (`a` or `a.b`) whose tables this token's `PUT` may
+    /// make a flow's target; empty means any namespace.
+    #[serde(default)]
+    pub namespaces: Vec<String>,
 }
 
 fn default_listen() -> String {
@@ -83,6 +105,21 @@ fn default_data_dir() -> String {
 }
 fn default_max_body() -> usize {
     64 << 20
+}
+fn default_max_rows() -> usize {
+    1_000_000
+}
+fn default_header_read_timeout() -> String {
+    "10s".into()
+}
+fn default_max_connections() -> usize {
+    512
+}
+fn default_max_dead_letters() -> usize {
+    1000
+}
+fn default_shutdown_grace() -> String {
+    "10s".into()
 }
 fn default_request_timeout() -> String {
     "60s".into()
@@ -101,6 +138,11 @@ impl Default for ServerConfig {
             data_dir: default_data_dir(),
             tokens: Vec::new(),
             max_body_bytes: default_max_body(),
+            max_rows_per_request: default_max_rows(),
+            header_read_timeout: default_header_read_timeout(),
+            max_connections: default_max_connections(),
+            shutdown_grace: default_shutdown_grace(),
+            max_dead_letters: default_max_dead_letters(),
             request_timeout: default_request_timeout(),
             idempotency_window: default_idempotency_window(),
             log_offsets_retention: default_log_offsets_retention(),
@@ -111,6 +153,18 @@ impl Default for ServerConfig {
 impl ServerConfig {
     pub fn request_timeout(&self) -> Result<Duration> {
         parse_duration_setting("server.request_timeout", &self.request_timeout)
+    }
+    pub fn header_read_timeout(&self) -> Result<Duration> {
+        parse_duration_setting("server.header_read_timeout", &self.header_read_timeout)
+    }
+    pub fn shutdown_grace(&self) -> Result<Duration> {
+        parse_duration_setting("server.shutdown_grace", &self.shutdown_grace)
+    }
+    pub fn limits(&self) -> crate::input::Limits {
+        crate::input::Limits {
+            max_rows: self.max_rows_per_request.max(1),
+            max_value_bytes: self.max_body_bytes,
+        }
     }
     pub fn idempotency_window(&self) -> Result<Duration> {
         parse_duration_setting("server.idempotency_window", &self.idempotency_window)

@@ -7,7 +7,6 @@ use std::io::BufReader;
 use std::path::Path;
 
 use arrow_array::{ArrayRef, RecordBatch, new_null_array};
-use arrow_cast::CastOptions;
 use arrow_schema::SchemaRef;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
@@ -53,15 +52,21 @@ pub fn read_file(flow: &Flow, path: &Path) -> Result<RecordBatch> {
     let file = File::open(path)
         .map_err(|e| Error::Config(format!("cannot open {}: {e}", path.display())))?;
     let schema = flow.source_arrow.clone();
+    let mut first_row = 0usize;
+    let mut conform_next = |b: RecordBatch| {
+        let first = first_row;
+        first_row += b.num_rows();
+        conform_at(flow, &b, first)
+    };
     let batches: Vec<RecordBatch> = match Format::of(path)? {
-        Format::Ndjson => arrow_json::ReaderBuilder::new(schema.clone())
-            .with_batch_size(64 * 1024)
-            .build(BufReader::new(file))
-            .map_err(|e| input_err(flow, path, e))?
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| input_err(flow, path, e))?,
+        Format::Ndjson => {
+            let body = std::fs::read(path)
+                .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
+            return decode_ndjson(flow, &body, Limits::NONE);
+        }
         Format::Csv => {
-            // Columns are matched by the header's names, in the file's order.
+            // Columns are matched by the header's names, in the file's
+            // order, and read as text that `conform` converts strictly.
             let (header, _) = arrow_csv::reader::Format::default()
                 .with_header(true)
                 .infer_schema(BufReader::new(&file), Some(0))
@@ -69,12 +74,7 @@ pub fn read_file(flow: &Flow, path: &Path) -> Result<RecordBatch> {
             let fields: Vec<arrow_schema::Field> = header
                 .fields()
                 .iter()
-                .map(|h| match schema.field_with_name(h.name()) {
-                    Ok(f) => f.clone(),
-                    Err(_) => {
-                        arrow_schema::Field::new(h.name(), arrow_schema::DataType::Utf8, true)
-                    }
-                })
+                .map(|h| arrow_schema::Field::new(h.name(), arrow_schema::DataType::Utf8, true))
                 .collect();
             let file_schema = std::sync::Arc::new(arrow_schema::Schema::new(fields));
             let file = File::open(path)
@@ -86,7 +86,7 @@ pub fn read_file(flow: &Flow, path: &Path) -> Result<RecordBatch> {
                 .map_err(|e| input_err(flow, path, e))?
                 .map(|b| {
                     b.map_err(|e| input_err(flow, path, e))
-                        .and_then(|b| conform(flow, &b))
+                        .and_then(&mut conform_next)
                 })
                 .collect::<Result<_>>()?
         }
@@ -95,7 +95,7 @@ pub fn read_file(flow: &Flow, path: &Path) -> Result<RecordBatch> {
                 .with_batch_size(64 * 1024)
                 .build()?;
             reader
-                .map(|b| b.map_err(Error::from).and_then(|b| conform(flow, &b)))
+                .map(|b| b.map_err(Error::from).and_then(&mut conform_next))
                 .collect::<Result<_>>()?
         }
     };
@@ -105,33 +105,49 @@ pub fn read_file(flow: &Flow, path: &Path) -> Result<RecordBatch> {
     Ok(arrow_select::concat::concat_batches(&schema, &batches)?)
 }
 
-/// Matches `batch`'s columns to the flow's source schema by name and casts
-/// them. A missing column is all-null (and then fails validation if it is a
-/// key, a sequence or a required column that an upsert needs).
-pub fn conform(flow: &Flow, batch: &RecordBatch) -> Result<RecordBatch> {
-    let schema: SchemaRef = flow.source_arrow.clone();
-    let opts = CastOptions {
-        safe: false,
-        ..Default::default()
+/// Limits on one request body, from `[server]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Rows in one body (`server.max_rows_per_request`).
+    pub max_rows: usize,
+    /// Bytes the body's values may take once decoded; only Arrow's
+    /// dictionary and view arrays can take more than the body itself
+    /// (`server.max_body_bytes`).
+    pub max_value_bytes: usize,
+}
+
+impl Limits {
+    /// No limits: for the ingest log's own records, accepted under the
+    /// limits in force when they were pushed.
+    pub const NONE: Limits = Limits {
+        max_rows: usize::MAX,
+        max_value_bytes: usize::MAX,
     };
+}
+
+/// Matches `batch`'s columns to the flow's source schema by name and
+/// converts them strictly (`convert`). A missing column is all-null (and
+/// then fails validation if it is a key, a sequence or a required column
+/// that an upsert needs).
+pub fn conform(flow: &Flow, batch: &RecordBatch) -> Result<RecordBatch> {
+    conform_at(flow, batch, 0)
+}
+
+/// `conform` for a batch whose first row is row `first_row` of the body.
+fn conform_at(flow: &Flow, batch: &RecordBatch, first_row: usize) -> Result<RecordBatch> {
+    let schema: SchemaRef = flow.source_arrow.clone();
     let cols = schema
         .fields()
         .iter()
         .map(|f| -> Result<ArrayRef> {
             match batch.column_by_name(f.name()) {
                 None => Ok(new_null_array(f.data_type(), batch.num_rows())),
-                Some(c) if c.data_type() == f.data_type() => Ok(c.clone()),
-                Some(c) => arrow_cast::cast_with_options(c, f.data_type(), &opts).map_err(|e| {
-                    Error::Input {
-                        code: codes::BAD_COLUMN,
-                        flow: flow.name.clone(),
-                        message: format!(
-                            "column `{}` ({}) cannot be read as {}: {e}",
-                            f.name(),
-                            c.data_type(),
-                            f.data_type()
-                        ),
-                    }
+                Some(c) => crate::convert::column(c, f.data_type()).map_err(|r| Error::Batch {
+                    code: codes::BAD_COLUMN,
+                    flow: flow.name.clone(),
+                    row: first_row + r.row,
+                    column: f.name().clone(),
+                    message: r.message,
                 }),
             }
         })
@@ -139,113 +155,435 @@ pub fn conform(flow: &Flow, batch: &RecordBatch) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(schema, cols)?)
 }
 
+/// The schema JSON bodies are decoded in: numbers, dates and timestamps
+/// arrive as their text (the number's own digits, never through `f64`),
+/// which `convert` then reads exactly.
+fn json_schema(flow: &Flow) -> SchemaRef {
+    std::sync::Arc::new(arrow_schema::Schema::new(
+        flow.source_arrow
+            .fields()
+            .iter()
+            .map(|f| {
+                if crate::convert::is_textual_target(f.data_type()) {
+                    arrow_schema::Field::new(f.name(), arrow_schema::DataType::Utf8, true)
+                } else {
+                    f.as_ref().clone()
+                }
+            })
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// Rows decoded per arrow-json batch; a value error is looked for row by
+/// row inside its chunk only.
+const CHUNK: usize = 4096;
+
+fn too_many_rows(flow: &Flow, limits: Limits) -> Error {
+    body_err(
+        flow,
+        codes::BATCH_TOO_LARGE,
+        None,
+        None,
+        format!(
+            "the body has more than {} rows (server.max_rows_per_request); split it",
+            limits.max_rows
+        ),
+    )
+}
+
+/// Decodes rows, each one JSON object, into the flow's source schema.
+/// Unknown fields are rejected; an error names its row and column.
+fn decode_json_rows(flow: &Flow, rows: &[&[u8]]) -> Result<RecordBatch> {
+    let schema = json_schema(flow);
+    let decoder = || {
+        arrow_json::ReaderBuilder::new(schema.clone())
+            .with_batch_size(CHUNK)
+            .with_strict_mode(true)
+            .with_coerce_primitive(true)
+            .build_decoder()
+    };
+    let mut out = Vec::new();
+    for (c, chunk) in rows.chunks(CHUNK).enumerate() {
+        let first = c * CHUNK;
+        let mut d = decoder()?;
+        for (i, row) in chunk.iter().enumerate() {
+            let at = first + i;
+            let read = d.decode(row).map_err(|e| {
+                body_err(
+                    flow,
+                    codes::MALFORMED_BODY,
+                    Some(at),
+                    None,
+                    format!("row {} is not valid JSON: {e}", at + 1),
+                )
+            })?;
+            if read < row.len() || d.has_partial_record() || d.len() != i + 1 {
+                return Err(body_err(
+                    flow,
+                    codes::MALFORMED_BODY,
+                    Some(at),
+                    None,
+                    format!("row {} is not one complete JSON object", at + 1),
+                ));
+            }
+        }
+        match d.flush() {
+            Ok(Some(b)) => out.push(conform_at(flow, &b, first)?),
+            Ok(None) => {}
+            Err(e) => {
+                for (i, row) in chunk.iter().enumerate() {
+                    let mut one = decoder()?;
+                    let found = one.decode(row).and_then(|_| one.flush());
+                    if let Err(e) = found {
+                        return Err(value_err(flow, first + i, &e));
+                    }
+                }
+                return Err(value_err(flow, first, &e));
+            }
+        }
+    }
+    concat(flow, out)
+}
+
 /// Decodes a request body of NDJSON (one change per line) into the flow's
-/// source schema. Unknown fields are rejected. On error the offending line
-/// (0-based row) is found by decoding line by line, only then.
-pub fn decode_ndjson(flow: &Flow, body: &[u8]) -> Result<RecordBatch> {
-    let decode = |bytes: &[u8]| -> std::result::Result<Vec<RecordBatch>, arrow_schema::ArrowError> {
-        arrow_json::ReaderBuilder::new(flow.source_arrow.clone())
-            .with_batch_size(64 * 1024)
-            .with_strict_mode(true)
-            .build(bytes)?
-            .collect()
-    };
-    match decode(body) {
-        Ok(batches) => concat(flow, batches),
-        Err(e) => {
-            let mut row = 0;
-            for line in body.split(|&b| b == b'\n') {
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(line) {
-                    return Err(body_err(
-                        flow,
-                        codes::MALFORMED_BODY,
-                        Some(row),
-                        None,
-                        format!("line {} is not valid JSON: {e}", row + 1),
-                    ));
-                }
-                if let Err(e) = decode(line) {
-                    return Err(value_err(flow, row, &e));
-                }
-                row += 1;
-            }
-            Err(value_err(flow, 0, &e))
+/// source schema. Blank lines are skipped and do not count as rows.
+pub fn decode_ndjson(flow: &Flow, body: &[u8], limits: Limits) -> Result<RecordBatch> {
+    let mut rows = Vec::new();
+    for line in body.split(|&b| b == b'\n') {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
         }
+        if rows.len() == limits.max_rows {
+            return Err(too_many_rows(flow, limits));
+        }
+        rows.push(line.trim_ascii());
     }
+    decode_json_rows(flow, &rows)
 }
 
-/// Decodes a JSON array of change objects.
-pub fn decode_json_array(flow: &Flow, body: &[u8]) -> Result<RecordBatch> {
-    let rows: Vec<serde_json::Map<String, serde_json::Value>> = serde_json::from_slice(body)
-        .map_err(|e| {
-            body_err(
-                flow,
-                codes::MALFORMED_BODY,
-                None,
-                None,
-                format!("the body is not a JSON array of objects: {e}"),
-            )
-        })?;
-    let decode = |rows: &[serde_json::Map<String, serde_json::Value>]| -> std::result::Result<Vec<RecordBatch>, arrow_schema::ArrowError> {
-        let mut d = arrow_json::ReaderBuilder::new(flow.source_arrow.clone())
-            .with_batch_size(rows.len().max(1))
-            .with_strict_mode(true)
-            .build_decoder()?;
-        d.serialize(rows)?;
-        Ok(d.flush()?.into_iter().collect())
-    };
-    match decode(&rows) {
-        Ok(batches) => concat(flow, batches),
-        Err(e) => {
-            for i in 0..rows.len() {
-                if let Err(e) = decode(&rows[i..i + 1]) {
-                    return Err(value_err(flow, i, &e));
-                }
-            }
-            Err(value_err(flow, 0, &e))
-        }
-    }
-}
-
-/// Decodes an Arrow IPC stream; columns are matched by name and cast.
-pub fn decode_arrow_ipc(flow: &Flow, body: &[u8]) -> Result<RecordBatch> {
-    let reader = arrow_ipc::reader::StreamReader::try_new(body, None).map_err(|e| {
-        body_err(
+/// Decodes a JSON array of change objects. The array is split into its
+/// elements by a scan (no recursion, no tree), then read like NDJSON.
+pub fn decode_json_array(flow: &Flow, body: &[u8], limits: Limits) -> Result<RecordBatch> {
+    let rows = array_elements(body, limits.max_rows).map_err(|e| match e {
+        None => too_many_rows(flow, limits),
+        Some(why) => body_err(
             flow,
             codes::MALFORMED_BODY,
             None,
             None,
-            format!("the body is not an Arrow IPC stream: {e}"),
-        )
+            format!("the body is not a JSON array of objects: {why}"),
+        ),
     })?;
+    decode_json_rows(flow, &rows)
+}
+
+/// The elements of a JSON array, as byte slices; `Err(None)` when there are
+/// more than `max`. Each element is checked later by the JSON decoder.
+fn array_elements(body: &[u8], max: usize) -> std::result::Result<Vec<&[u8]>, Option<String>> {
+    let skip_ws = |mut i: usize| {
+        while body.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        i
+    };
+    let mut i = skip_ws(0);
+    if body.get(i) != Some(&b'[') {
+        return Err(Some("it does not start with `[`".into()));
+    }
+    i = skip_ws(i + 1);
     let mut out = Vec::new();
-    for b in reader {
-        let b = b.map_err(|e| {
-            body_err(
-                flow,
-                codes::MALFORMED_BODY,
-                None,
-                None,
-                format!("the Arrow IPC stream is damaged: {e}"),
-            )
-        })?;
-        for f in b.schema().fields() {
-            if flow.source_arrow.field_with_name(f.name()).is_err() {
-                return Err(body_err(
-                    flow,
-                    codes::BAD_COLUMN,
-                    None,
-                    Some(f.name().clone()),
-                    format!("column `{}` is not a column of the flow", f.name()),
-                ));
+    if body.get(i) == Some(&b']') {
+        i += 1;
+    } else {
+        loop {
+            let start = i;
+            let (mut depth, mut in_str) = (0usize, false);
+            loop {
+                let Some(&b) = body.get(i) else {
+                    return Err(Some("the array is not closed".into()));
+                };
+                if in_str {
+                    match b {
+                        b'\\' => i += 1,
+                        b'"' => in_str = false,
+                        _ => {}
+                    }
+                } else {
+                    match b {
+                        b'"' => in_str = true,
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' if depth > 0 => depth -= 1,
+                        b']' | b',' if depth == 0 => break,
+                        _ => {}
+                    }
+                }
+                i += 1;
+            }
+            if out.len() == max {
+                return Err(None);
+            }
+            out.push(body[start..i].trim_ascii());
+            i += 1;
+            if body[i - 1] == b']' {
+                break;
             }
         }
-        out.push(conform(flow, &b)?);
+    }
+    if skip_ws(i) != body.len() {
+        return Err(Some(format!(
+            "unexpected bytes after the array at byte {i}"
+        )));
+    }
+    Ok(out)
+}
+
+/// The most metadata one Arrow IPC message may declare.
+const MAX_IPC_METADATA: usize = 16 << 20;
+
+fn arrow_err(flow: &Flow, message: String) -> Error {
+    body_err(flow, codes::ARROW, None, None, message)
+}
+
+/// Decodes an Arrow IPC stream pushed by a client; columns are matched by
+/// name and converted strictly. Every length the stream declares is checked
+/// against the body before anything is allocated on its say-so, and a panic
+/// inside the decoder is a 400, not a dead worker.
+pub fn decode_arrow_ipc(flow: &Flow, body: &[u8], limits: Limits) -> Result<RecordBatch> {
+    if let Err(why) = check_ipc_framing(body) {
+        return Err(arrow_err(
+            flow,
+            format!("the Arrow IPC stream is refused: {why}"),
+        ));
+    }
+    match catch_quietly(|| read_ipc(flow, body, limits)) {
+        Ok(r) => r,
+        Err(_) => Err(arrow_err(
+            flow,
+            "the Arrow IPC stream is damaged (its buffers contradict its metadata)".into(),
+        )),
+    }
+}
+
+thread_local! {
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, turning a panic into `Err` without the panic hook's report:
+/// for decoders of untrusted bytes, whose panics are the body's fault (the
+/// answer is a 400) and would otherwise fill stderr with backtraces.
+pub fn catch_quietly<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(std::cell::Cell::get) {
+                previous(info)
+            }
+        }));
+    });
+    let was = QUIET.with(|q| q.replace(true));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(was));
+    r
+}
+
+/// Walks the stream's framing: metadata lengths, body lengths and buffer
+/// ranges must fit the body; row and value counts must fit what the body
+/// could hold (a bit per value at least; 64 more for the odd all-null
+/// column, which has no buffers at all).
+fn check_ipc_framing(body: &[u8]) -> std::result::Result<(), String> {
+    let max_rows = body.len().saturating_mul(8).saturating_add(64);
+    let read_i32 = |at: usize| {
+        body.get(at..at + 4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .ok_or_else(|| "the stream ends inside a message length".to_string())
+    };
+    let count = |what: &str, n: i64| {
+        if n < 0 || n as u64 > max_rows as u64 {
+            Err(format!(
+                "a message declares {n} {what}; a body of this size holds at most {max_rows}"
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let mut pos = 0usize;
+    while pos < body.len() {
+        let mut len = read_i32(pos)?;
+        pos += 4;
+        if len == -1 {
+            len = read_i32(pos)?;
+            pos += 4;
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let remaining = body.len() - pos;
+        if pos == 4 && (len < 0 || len as usize > remaining) {
+            return Err("the body is not an Arrow IPC stream (it does not begin with one)".into());
+        }
+        if len < 0 || len as usize > remaining || len as usize > MAX_IPC_METADATA {
+            return Err(format!(
+                "a message declares {len} bytes of metadata; {remaining} bytes remain in the body"
+            ));
+        }
+        let meta = &body[pos..pos + len as usize];
+        let msg = arrow_ipc::root_as_message(meta)
+            .map_err(|e| format!("a message's metadata is not valid: {e}"))?;
+        pos += len as usize;
+        let body_len = msg.bodyLength();
+        let remaining = body.len() - pos;
+        if body_len < 0 || body_len as u64 > remaining as u64 {
+            return Err(format!(
+                "a message declares a body of {body_len} bytes; {remaining} bytes remain"
+            ));
+        }
+        let batch = msg
+            .header_as_record_batch()
+            .or_else(|| msg.header_as_dictionary_batch().and_then(|d| d.data()));
+        if let Some(rb) = batch {
+            if rb.compression().is_some() {
+                return Err("compressed buffers are not accepted; send uncompressed IPC".into());
+            }
+            count("rows", rb.length())?;
+            if let Some(nodes) = rb.nodes() {
+                for n in nodes.iter() {
+                    count("values in a column", n.length())?;
+                    if n.null_count() < 0 || n.null_count() > n.length() {
+                        return Err(format!("a column declares {} nulls", n.null_count()));
+                    }
+                }
+            }
+            if let Some(buffers) = rb.buffers() {
+                for b in buffers.iter() {
+                    let end = b.offset().checked_add(b.length());
+                    if b.offset() < 0 || b.length() < 0 || end.is_none_or(|e| e > body_len) {
+                        return Err(format!(
+                            "a buffer at {} of {} bytes lies outside its message's {body_len}-byte body",
+                            b.offset(),
+                            b.length()
+                        ));
+                    }
+                }
+            }
+        }
+        pos += body_len as usize;
+    }
+    Ok(())
+}
+
+fn read_ipc(flow: &Flow, body: &[u8], limits: Limits) -> Result<RecordBatch> {
+    let reader = arrow_ipc::reader::StreamReader::try_new(body, None)
+        .map_err(|e| arrow_err(flow, format!("the body is not an Arrow IPC stream: {e}")))?;
+    let schema = reader.schema();
+    for f in schema.fields() {
+        if flow.source_arrow.field_with_name(f.name()).is_err() {
+            return Err(body_err(
+                flow,
+                codes::BAD_COLUMN,
+                None,
+                Some(f.name().clone()),
+                format!("column `{}` is not a column of the flow", f.name()),
+            ));
+        }
+        let dt = f.data_type();
+        let flat = |t: &arrow_schema::DataType| {
+            !t.is_nested() && !matches!(t, arrow_schema::DataType::RunEndEncoded(..))
+        };
+        if !flat(dt) {
+            return Err(body_err(
+                flow,
+                codes::BAD_COLUMN,
+                None,
+                Some(f.name().clone()),
+                format!(
+                    "column `{}` is {dt}; send a plain (not nested or run-end encoded) array",
+                    f.name()
+                ),
+            ));
+        }
+    }
+    if schema.fields().len() > flow.source_arrow.fields().len() {
+        return Err(arrow_err(
+            flow,
+            format!(
+                "the stream has {} columns, more than the flow's {} (a column named twice?)",
+                schema.fields().len(),
+                flow.source_arrow.fields().len()
+            ),
+        ));
+    }
+    let mut out = Vec::new();
+    let (mut rows, mut value_bytes) = (0usize, 0usize);
+    for b in reader {
+        let b = b.map_err(|e| arrow_err(flow, format!("the Arrow IPC stream is damaged: {e}")))?;
+        let first = rows;
+        rows += b.num_rows();
+        if rows > limits.max_rows {
+            return Err(too_many_rows(flow, limits));
+        }
+        value_bytes += b.columns().iter().map(expanded_bytes).sum::<usize>();
+        if value_bytes > limits.max_value_bytes {
+            return Err(body_err(
+                flow,
+                codes::BATCH_TOO_LARGE,
+                None,
+                None,
+                format!(
+                    "the stream's dictionary or view arrays expand to more than {} bytes (server.max_body_bytes)",
+                    limits.max_value_bytes
+                ),
+            ));
+        }
+        out.push(conform_at(flow, &b, first)?);
     }
     concat(flow, out)
+}
+
+/// Bytes of values a dictionary or view array expands to once converted
+/// to a plain array; 0 for plain arrays (their values are in the body).
+fn expanded_bytes(a: &ArrayRef) -> usize {
+    use arrow_array::cast::AsArray;
+    use arrow_schema::DataType as T;
+    let lengths = |v: &ArrayRef| -> Vec<usize> {
+        match v.data_type() {
+            T::Utf8 => offsets(v.as_string::<i32>().value_offsets()),
+            T::LargeUtf8 => offsets(v.as_string::<i64>().value_offsets()),
+            T::Binary => offsets(v.as_binary::<i32>().value_offsets()),
+            T::LargeBinary => offsets(v.as_binary::<i64>().value_offsets()),
+            T::Utf8View => view_lengths(v.as_string_view().views()),
+            T::BinaryView => view_lengths(v.as_binary_view().views()),
+            t => vec![t.primitive_width().unwrap_or(16); v.len()],
+        }
+    };
+    match a.data_type() {
+        T::Dictionary(..) => {
+            let d = a.as_any_dictionary();
+            let lens = lengths(d.values());
+            d.normalized_keys()
+                .iter()
+                .map(|&k| lens.get(k).copied().unwrap_or(0))
+                .fold(0usize, usize::saturating_add)
+        }
+        T::Utf8View | T::BinaryView => lengths(a).into_iter().fold(0usize, usize::saturating_add),
+        _ => 0,
+    }
+}
+
+fn offsets<O: arrow_array::OffsetSizeTrait>(o: &[O]) -> Vec<usize> {
+    o.windows(2)
+        .map(|w| (w[1].as_usize()).saturating_sub(w[0].as_usize()))
+        .collect()
+}
+
+fn view_lengths(views: &[u128]) -> Vec<usize> {
+    views.iter().map(|v| (*v as u32) as usize).collect()
+}
+
+/// Decodes a record of this service's own ingest log (written by
+/// `encode_arrow_ipc` after the push was accepted).
+pub fn decode_log_payload(flow: &Flow, payload: &[u8]) -> Result<RecordBatch> {
+    decode_arrow_ipc(flow, payload, Limits::NONE)
 }
 
 /// The batch as an Arrow IPC stream (the ingest log's payload).

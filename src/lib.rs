@@ -1,6 +1,8 @@
 //! autocdc: applies change-data-capture streams to Apache Iceberg tables.
 //! See ARCHITECTURE.md for the map of modules and their invariants.
 
+pub mod convert;
+pub mod dead_letter;
 pub mod error;
 pub mod fault;
 pub mod flow;

@@ -61,7 +61,21 @@ pub enum PredicateError {
          the types of the source schema"
     )]
     Eval { sql: String, message: String },
+    /// `AUTOCDC_INVALID_EXPRESSION.TOO_LARGE`: longer or more deeply built than the limits.
+    #[error(
+        "the expression is {bytes} bytes with {operators} operators; at most {MAX_SQL_BYTES} \
+         bytes and {MAX_SQL_OPERATORS} operators are accepted (use IN (...) for long lists)"
+    )]
+    TooLarge { bytes: usize, operators: usize },
 }
+
+/// The longest expression text accepted, checked before tokenizing.
+pub const MAX_SQL_BYTES: usize = 64 * 1024;
+/// The most operators (AND, OR, NOT, comparisons, ...) in one expression.
+/// Chains of AND / OR are compiled and torn down without recursion, and
+/// the parser bounds nesting (parentheses, NOT) itself, so this bounds the
+/// work, not the stack.
+pub const MAX_SQL_OPERATORS: usize = 10_000;
 
 impl PredicateError {
     /// Stable error code.
@@ -73,6 +87,7 @@ impl PredicateError {
             Self::Unsupported { .. } => "AUTOCDC_INVALID_EXPRESSION.UNSUPPORTED",
             Self::Type { .. } => "AUTOCDC_INVALID_EXPRESSION.TYPE",
             Self::Eval { .. } => "AUTOCDC_INVALID_EXPRESSION.EVAL",
+            Self::TooLarge { .. } => "AUTOCDC_INVALID_EXPRESSION.TOO_LARGE",
         }
     }
 }
@@ -139,12 +154,29 @@ impl Predicate {
             sql: sql.to_string(),
             message,
         };
+        if sql.len() > MAX_SQL_BYTES {
+            return Err(PredicateError::TooLarge {
+                bytes: sql.len(),
+                operators: 0,
+            });
+        }
+        let tokens = sqlparser::tokenizer::Tokenizer::new(&dialect, sql)
+            .tokenize()
+            .map_err(|e| parse_err(e.to_string()))?;
+        let operators = tokens.iter().filter(|t| is_operator(t)).count();
+        if operators > MAX_SQL_OPERATORS {
+            return Err(PredicateError::TooLarge {
+                bytes: sql.len(),
+                operators,
+            });
+        }
         let mut parser = Parser::new(&dialect)
             .try_with_sql(sql)
             .map_err(|e| parse_err(e.to_string()))?;
         let expr = parser.parse_expr().map_err(|e| parse_err(e.to_string()))?;
         let rest = parser.peek_token().token;
         if rest != Token::EOF {
+            drop_expr(expr);
             return Err(parse_err(format!(
                 "unexpected `{rest}` after the expression"
             )));
@@ -154,7 +186,9 @@ impl Predicate {
             schema,
             columns: Vec::new(),
         };
-        let root = c.boolean(&expr)?;
+        let root = c.boolean(&expr);
+        drop_expr(expr);
+        let root = root?;
         Ok(Predicate {
             sql: sql.to_string(),
             columns: c.columns,
@@ -189,6 +223,52 @@ impl Predicate {
             .node(&self.root)
             .map_err(|e| eval_err(e.to_string()))?;
         Ok(null_as_false(out))
+    }
+}
+
+/// Drops a parsed expression without recursing down its AND / OR chains
+/// (a chain of thousands of terms is a tree that deep; the default drop
+/// would recurse once per term).
+fn drop_expr(e: Expr) {
+    let mut stack = vec![e];
+    while let Some(e) = stack.pop() {
+        if let Expr::BinaryOp { left, right, .. } = e {
+            stack.push(*left);
+            stack.push(*right);
+        }
+    }
+}
+
+/// A token that counts as an operator.
+fn is_operator(t: &Token) -> bool {
+    use sqlparser::keywords::Keyword;
+    match t {
+        Token::Word(w) => matches!(
+            w.keyword,
+            Keyword::AND
+                | Keyword::OR
+                | Keyword::NOT
+                | Keyword::IS
+                | Keyword::LIKE
+                | Keyword::BETWEEN
+                | Keyword::IN
+        ),
+        Token::LParen
+        | Token::Eq
+        | Token::DoubleEq
+        | Token::Neq
+        | Token::Lt
+        | Token::Gt
+        | Token::LtEq
+        | Token::GtEq
+        | Token::Spaceship
+        | Token::Plus
+        | Token::Minus
+        | Token::Mul
+        | Token::Div
+        | Token::Mod
+        | Token::StringConcat => true,
+        _ => false,
     }
 }
 

@@ -45,6 +45,9 @@ impl From<Error> for ApiError {
             Error::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::State { code, .. } if code.contains("DRIFT") => StatusCode::CONFLICT,
+            Error::State { code, .. } if *code == crate::wal::WRITE_FAILED => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError(status, e)
@@ -126,6 +129,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/flows/{flow}/changes", post(post_changes))
         .route("/v1/flows/{flow}/snapshots", post(post_snapshots))
         .route("/v1/flows/{flow}/commit", post(post_commit))
+        .route("/v1/flows/{flow}/dead-letters", get(get_dead_letters))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(
             service.clone(),
@@ -157,6 +161,7 @@ async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
         description = "Push change batches; autocdc keeps Iceberg tables equal to the latest change per key, by sequence."
     ),
     paths(
+        get_dead_letters,
         post_changes,
         post_snapshots,
         post_commit,
@@ -170,6 +175,8 @@ async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
         openapi_json
     ),
     components(schemas(
+        DeadLetterList,
+        crate::dead_letter::DeadLetter,
         SnapshotResponse,
         ChangesResponse,
         CommitResponse,
@@ -240,10 +247,16 @@ async fn content_length_limit(
 }
 
 /// Checks the bearer token when tokens are configured.
-fn authorize(service: &Service, headers: &HeaderMap, flow: Option<&str>) -> ApiResult<()> {
+/// Checks the bearer token against `[server] tokens`; returns the token's
+/// entry (None when no tokens are configured).
+fn authorize<'a>(
+    service: &'a Service,
+    headers: &HeaderMap,
+    flow: Option<&str>,
+) -> ApiResult<Option<&'a crate::flow::TokenConfig>> {
     let tokens = &service.config.tokens;
     if tokens.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let given = headers
         .get(header::AUTHORIZATION)
@@ -275,7 +288,7 @@ fn authorize(service: &Service, headers: &HeaderMap, flow: Option<&str>) -> ApiR
             "AUTOCDC_FORBIDDEN",
             "this token is limited to some flows",
         )),
-        _ => Ok(()),
+        _ => Ok(Some(t)),
     }
 }
 
@@ -359,6 +372,7 @@ fn view(rt: &crate::service::FlowRuntime) -> FlowView {
 /// The body of a push in the flow's source schema, and its Idempotency-Key.
 async fn decode_body(
     rt: &Arc<crate::service::FlowRuntime>,
+    limits: input::Limits,
     headers: &HeaderMap,
     body: Bytes,
 ) -> ApiResult<(arrow_array::RecordBatch, Option<String>)> {
@@ -373,11 +387,22 @@ async fn decode_body(
         .to_ascii_lowercase();
     let key = idempotency_key(headers)?;
     let f = rt.flow.clone();
-    let batch = tokio::task::spawn_blocking(move || match ctype.as_str() {
-        NDJSON | "application/jsonl" => Ok(input::decode_ndjson(&f, &body)),
-        "application/json" => Ok(input::decode_json_array(&f, &body)),
-        ARROW_STREAM => Ok(input::decode_arrow_ipc(&f, &body)),
-        other => Err(other.to_string()),
+    let batch = tokio::task::spawn_blocking(move || {
+        let decode = || match ctype.as_str() {
+            NDJSON | "application/jsonl" => Ok(input::decode_ndjson(&f, &body, limits)),
+            "application/json" => Ok(input::decode_json_array(&f, &body, limits)),
+            ARROW_STREAM => Ok(input::decode_arrow_ipc(&f, &body, limits)),
+            other => Err(other.to_string()),
+        };
+        // A decoder panic on hostile bytes is the body's fault: a 400
+        // without the panic's text, never a dead worker or a 5xx.
+        input::catch_quietly(decode).unwrap_or_else(|_| {
+            Ok(Err(Error::Input {
+                code: crate::error::codes::MALFORMED_BODY,
+                flow: f.name.clone(),
+                message: "the body could not be decoded".into(),
+            }))
+        })
     })
     .await
     .map_err(|e| ApiError::from(Error::Unavailable(e.to_string())))?;
@@ -461,7 +486,7 @@ async fn post_changes(
 ) -> ApiResult<Response> {
     authorize(&service, &headers, Some(&flow))?;
     let rt = service.flow(&flow)?;
-    let (batch, key) = decode_body(&rt, &headers, body).await?;
+    let (batch, key) = decode_body(&rt, service.config.limits(), &headers, body).await?;
     let accepted = service.ingest(&rt, batch, key).await?;
     if q.wait.as_deref() == Some("commit") {
         let snapshot_id = wait_for_commit(&service, &rt, accepted.offset).await?;
@@ -530,7 +555,7 @@ async fn post_snapshots(
             "a snapshot needs its version: POST /v1/flows/{flow}/snapshots?version=V (versions must increase)",
         ));
     };
-    let (batch, key) = decode_body(&rt, &headers, body).await?;
+    let (batch, key) = decode_body(&rt, service.config.limits(), &headers, body).await?;
     let accepted = service.ingest_snapshot(&rt, batch, version, key).await?;
     let mut answer = SnapshotResponse {
         accepted: accepted.accepted,
@@ -665,6 +690,43 @@ async fn get_flow(
     Ok(Json(view(&rt)))
 }
 
+#[derive(Deserialize)]
+struct DeadLetterQuery {
+    limit: Option<usize>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct DeadLetterList {
+    /// Letters kept (at most `server.max_dead_letters`).
+    pub count: usize,
+    /// The newest first, at most `limit` (default 100, at most 1000).
+    pub dead_letters: Vec<crate::dead_letter::DeadLetter>,
+}
+
+/// The flow's dead letters: acknowledged records that can never be applied,
+/// each with its offset, error and record file (in the flow's directory
+/// under `data_dir`).
+#[utoipa::path(get, path = "/v1/flows/{flow}/dead-letters",
+    params(("flow" = String, Path, description = "flow name"), ("limit" = Option<usize>, Query, description = "at most this many, newest first (default 100, at most 1000)")),
+    responses((status = 200, description = "the dead letters", body = DeadLetterList), (status = 404, description = "unknown flow", body = ErrorResponse)))]
+async fn get_dead_letters(
+    State(service): State<Arc<Service>>,
+    Path(flow): Path<String>,
+    Query(q): Query<DeadLetterQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Json<DeadLetterList>> {
+    authorize(&service, &headers, Some(&flow))?;
+    let rt = service.flow(&flow)?;
+    let limit = q.limit.unwrap_or(100).min(1000);
+    let (count, dead_letters) = tokio::task::spawn_blocking(move || rt.dead.list(limit))
+        .await
+        .map_err(|e| ApiError::from(Error::Unavailable(e.to_string())))??;
+    Ok(Json(DeadLetterList {
+        count,
+        dead_letters,
+    }))
+}
+
 /// Create or replace a flow (fields as in a `[[flow]]` table); persisted in `data_dir`.
 #[utoipa::path(put, path = "/v1/flows/{flow}",
     params(("flow" = String, Path, description = "flow name")),
@@ -682,7 +744,7 @@ async fn put_flow(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    authorize(&service, &headers, Some(&flow))?;
+    let token = authorize(&service, &headers, Some(&flow))?;
     let mut value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
         plain(
             StatusCode::BAD_REQUEST,
@@ -706,6 +768,24 @@ async fn put_flow(
             codes::INVALID_DEFINITION,
             format!("the body names flow `{}` but the path `{flow}`", cfg.name),
         ));
+    }
+    // A token with `namespaces` may only point flows at tables there (a
+    // target that another flow writes is refused whatever the token).
+    if let Some(t) = token
+        && !t.namespaces.is_empty()
+    {
+        let ns = cfg.target.rsplit_once('.').map_or("", |(ns, _)| ns);
+        if !t.namespaces.iter().any(|n| n == ns) {
+            return Err(plain(
+                StatusCode::FORBIDDEN,
+                "AUTOCDC_FORBIDDEN",
+                format!(
+                    "this token may only define flows whose target is in namespace {}; `{}` is in `{ns}`",
+                    t.namespaces.join(", "),
+                    cfg.target
+                ),
+            ));
+        }
     }
     let existed = service.flow(&flow).is_ok();
     let rt = service.put_flow(cfg).await?;
@@ -734,15 +814,23 @@ async fn delete_flow(
 /// Ready: recovery done and commits succeeding (503 `starting` or `degraded` otherwise).
 #[utoipa::path(get, path = "/readyz", responses(
     (status = 200, description = "ready"),
-    (status = 503, description = "starting, or degraded: commits are failing (flows listed)"),
+    (status = 503, description = "starting, or degraded: commits or log writes are failing (flows listed)"),
 ))]
 async fn readyz(State(service): State<Arc<Service>>) -> Response {
     let flows = service.flows();
     let degraded: Vec<_> = flows
         .iter()
         .map(|rt| (rt.flow.name.clone(), rt.status()))
-        .filter(|(_, s)| s.degraded)
-        .map(|(name, s)| json!({ "flow": name, "last_error": s.last_error }))
+        .filter(|(_, s)| s.degraded || s.wal.failing)
+        .map(|(name, s)| {
+            let error = match (&s.last_error, s.wal.failing) {
+                (_, true) => Some(
+                    "the flow's log cannot be written (see stderr, event=log_write_failed); pushes get 503 until it can".to_string(),
+                ),
+                (e, false) => e.clone(),
+            };
+            json!({ "flow": name, "last_error": error })
+        })
         .collect();
     if !service.is_ready() {
         return (
@@ -771,7 +859,7 @@ async fn metrics(State(service): State<Arc<Service>>) -> Response {
         &'static str,
         fn(&crate::service::FlowStatus) -> f64,
     );
-    let counters: [Metric; 20] = [
+    let counters: [Metric; 23] = [
         ("autocdc_rows_in_total", "counter", |s| {
             s.counters.rows_in as f64
         }),
@@ -808,6 +896,13 @@ async fn metrics(State(service): State<Arc<Service>>) -> Response {
             "counter",
             |s| s.wal.early_released_segments as f64,
         ),
+        ("autocdc_wal_write_failures_total", "counter", |s| {
+            s.wal.write_failures as f64
+        }),
+        ("autocdc_wal_failing", "gauge", |s| {
+            s.wal.failing as u8 as f64
+        }),
+        ("autocdc_dead_letters", "gauge", |s| s.dead_letters as f64),
         ("autocdc_idempotency_window_seconds", "gauge", |s| {
             s.idempotency_window_ms as f64 / 1e3
         }),
@@ -855,6 +950,13 @@ async fn metrics(State(service): State<Arc<Service>>) -> Response {
         "# TYPE autocdc_ready gauge\nautocdc_ready {}",
         service.is_ready() as u8
     );
+    let c = &service.connections;
+    let _ = writeln!(
+        out,
+        "# TYPE autocdc_http_connections gauge\nautocdc_http_connections {}\n# TYPE autocdc_http_connections_refused_total counter\nautocdc_http_connections_refused_total {}",
+        c.open.load(std::sync::atomic::Ordering::Relaxed),
+        c.refused.load(std::sync::atomic::Ordering::Relaxed)
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
@@ -901,14 +1003,13 @@ pub async fn start(
         .map_err(|e| Error::Config(format!("server.listen = {}: {e}", config.server.listen)))?;
     let addr = listener.local_addr()?;
     let app = router(service.clone());
-    let (stop, mut stopped) = tokio::sync::watch::channel(false);
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            })
-            .await
-    });
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let limits = ConnLimits {
+        max_connections: config.server.max_connections.max(1),
+        header_read_timeout: config.server.header_read_timeout()?,
+        shutdown_grace: config.server.shutdown_grace()?,
+    };
+    let server = tokio::spawn(accept_loop(listener, app, service.clone(), limits, stopped));
     eprintln!(
         "autocdc: listening on http://{addr} (data_dir {}); recovering {} flow(s)",
         config.server.data_dir,
@@ -925,6 +1026,118 @@ pub async fn start(
         server,
         stop,
     })
+}
+
+struct ConnLimits {
+    max_connections: usize,
+    header_read_timeout: std::time::Duration,
+    shutdown_grace: std::time::Duration,
+}
+
+/// Accepts connections and serves each with hyper's HTTP/1.1 server, with
+/// what `axum::serve` lacks for untrusted clients:
+/// - a client must send each request head within `header_read_timeout`
+///   (an idle keep-alive connection is closed after it, too);
+/// - at most `max_connections` are open; one more is closed at once and
+///   counted, so idle sockets cannot use up the process's files;
+/// - at stop, connections get `shutdown_grace` to finish what they are
+///   doing; whatever still holds one open (a half-sent head) is then cut,
+///   so shutdown, and the commit of what is pending, cannot be held up.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    service: Arc<Service>,
+    limits: ConnLimits,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let (closing, closing_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.wait_for(|s| *s) => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+            accepted = listener.accept() => accepted,
+        };
+        let tcp = match accepted {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                // Out of files or similar: do not spin; the connections
+                // that end free what is needed.
+                crate::service::log_event(
+                    "warn",
+                    "-",
+                    "accept_failed",
+                    &format!("error={:?}", e.to_string()),
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            service.connections.refused.fetch_add(1, Relaxed);
+            drop(tcp);
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut closing = closing_rx.clone();
+        let open = service.clone();
+        let timeout = limits.header_read_timeout;
+        tasks.spawn(async move {
+            let _permit = permit;
+            open.connections.open.fetch_add(1, Relaxed);
+            let _open = OpenConnection(&open.connections);
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(timeout);
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(tcp), svc);
+            let mut conn = std::pin::pin!(conn);
+            let closed = tokio::select! {
+                _ = conn.as_mut() => true,
+                _ = closing.wait_for(|c| *c) => false,
+            };
+            if !closed {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        });
+    }
+    drop(listener);
+    let _ = closing.send(true);
+    let drained = tokio::time::timeout(limits.shutdown_grace, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        crate::service::log_event(
+            "warn",
+            "-",
+            "connections_cut",
+            &format!("open={} after=server.shutdown_grace", tasks.len()),
+        );
+        tasks.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Open and refused client connections, for `/metrics`.
+#[derive(Default)]
+pub struct Connections {
+    pub open: std::sync::atomic::AtomicUsize,
+    pub refused: std::sync::atomic::AtomicU64,
+}
+
+struct OpenConnection<'a>(&'a Connections);
+
+impl Drop for OpenConnection<'_> {
+    fn drop(&mut self) {
+        self.0
+            .open
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// `autocdc serve`: runs until SIGTERM or SIGINT, then commits what is pending.

@@ -81,6 +81,8 @@ pub struct FlowStatus {
     pub recent_commit_ms_p99: Option<f64>,
     /// `from_snapshot` flows: the highest snapshot version accepted (committed or pending).
     pub snapshot_version: Option<i64>,
+    /// Records kept in the flow's dead-letter area (`GET .../dead-letters`).
+    pub dead_letters: usize,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -130,9 +132,9 @@ fn decode_record(flow: &Flow, payload: &[u8]) -> Result<(RecordBatch, Option<i64
     match payload.strip_prefix(SNAPSHOT_MAGIC.as_slice()) {
         Some(rest) if rest.len() >= 8 => {
             let v = i64::from_le_bytes(rest[..8].try_into().expect("8 bytes"));
-            Ok((input::decode_arrow_ipc(flow, &rest[8..])?, Some(v)))
+            Ok((input::decode_log_payload(flow, &rest[8..])?, Some(v)))
         }
-        _ => Ok((input::decode_arrow_ipc(flow, payload)?, None)),
+        _ => Ok((input::decode_log_payload(flow, payload)?, None)),
     }
 }
 
@@ -161,6 +163,8 @@ pub struct FlowRuntime {
     /// `?wait=commit`).
     requested: std::sync::atomic::AtomicI64,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Acknowledged records that can never be applied.
+    pub dead: crate::dead_letter::DeadLetters,
 }
 
 pub const COMMIT_BUCKETS: [f64; 8] = [10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0, 30000.0];
@@ -174,6 +178,7 @@ impl FlowRuntime {
     pub fn status(&self) -> FlowStatus {
         let mut s = self.lock().status.clone();
         s.wal = self.log.stats();
+        s.dead_letters = self.dead.count();
         let now = now_ms();
         s.log_oldest_age_ms = s.wal.oldest_appended_ms.map(|t| (now - t).max(0));
         let window = self.window.as_millis() as i64;
@@ -238,6 +243,8 @@ pub struct Service {
     window: Duration,
     flows: RwLock<HashMap<String, Arc<FlowRuntime>>>,
     ready: std::sync::atomic::AtomicBool,
+    /// Client connections (the HTTP layer counts them here).
+    pub connections: crate::server::Connections,
 }
 
 impl Service {
@@ -254,6 +261,8 @@ impl Service {
             ))
         })?;
         config.request_timeout()?;
+        config.header_read_timeout()?;
+        config.shutdown_grace()?;
         Ok(Arc::new(Service {
             window: config.idempotency_window()?,
             config,
@@ -262,6 +271,7 @@ impl Service {
             data_dir,
             flows: RwLock::new(HashMap::new()),
             ready: false.into(),
+            connections: Default::default(),
         }))
     }
 
@@ -431,20 +441,45 @@ impl Service {
         let summary = engine.summary();
         let committed = summary.input_offset;
         let max_log = flow.commit.max_log_bytes;
-        let log: Arc<dyn IngestLog> = Arc::new(LocalLog::open(
+        let log: Arc<dyn IngestLog> = Arc::new(LocalLog::open_with_faults(
             &dir,
             committed,
             (max_log / 8).clamp(16 << 10, WAL_SEGMENT_BYTES),
             max_log,
             WAL_QUEUE,
+            self.faults.clone(),
         )?);
         let records = log.replay(committed).await?;
         let mut pending = BTreeMap::new();
         let mut bytes_total = 0;
         let mut rows_total = 0;
         let mut snapshot_version = engine.snapshot_version();
+        let dead = crate::dead_letter::DeadLetters::open(
+            &self.flow_dir(&flow.name).join("dead-letters"),
+            self.config.max_dead_letters,
+        )?;
         for r in &records {
-            let (batch, version) = decode_record(&flow, &r.payload)?;
+            let (batch, version) = match decode_record(&flow, &r.payload) {
+                Ok(d) => d,
+                Err(e) => {
+                    // A record that no longer decodes (a definition changed
+                    // under it, a damaged disk) is set aside; its offset is
+                    // applied as nothing, so the flow moves on.
+                    dead.put(
+                        r.offset,
+                        &e,
+                        crate::dead_letter::Contents::Raw(&r.payload),
+                        now_ms(),
+                    )?;
+                    log_event(
+                        "error",
+                        &flow.name,
+                        "dead_letter",
+                        &format!("offset={} error={:?}", r.offset, e.to_string()),
+                    );
+                    (RecordBatch::new_empty(flow.source_arrow.clone()), None)
+                }
+            };
             rows_total += batch.num_rows() as u64;
             bytes_total += r.payload.len() as u64;
             snapshot_version = snapshot_version.max(version);
@@ -491,6 +526,7 @@ impl Service {
             recent_ms: Mutex::new(std::collections::VecDeque::with_capacity(RECENT_COMMITS)),
             requested: applied.into(),
             task: Mutex::new(None),
+            dead,
         });
         let task = tokio::spawn(committer(
             rt.clone(),
@@ -870,7 +906,8 @@ async fn commit_once(
             r
         }
         Err(e @ Error::Batch { .. }) if rt.flow.from_snapshot => {
-            // A snapshot the ingest checks let through: drop it, report it.
+            // A snapshot the ingest checks let through: set it aside.
+            dead_letter(rt, last, &e, &batches[0].0)?;
             rejected.push(format!("offset {last}: {e}"));
             crate::engine::CommitReport::default()
         }
@@ -885,6 +922,12 @@ async fn commit_once(
                         total.snapshot_id = r.snapshot_id.or(total.snapshot_id);
                     }
                     Err(e @ Error::Batch { .. }) => {
+                        // Kept before a later batch's commit moves the
+                        // recorded offset past it.
+                        if let Err(de) = dead_letter(rt, first + i as i64, &e, b) {
+                            *engine = None;
+                            return Err(de);
+                        }
                         rejected.push(format!("offset {}: {e}", first + i as i64))
                     }
                     Err(e) => {
@@ -952,6 +995,23 @@ async fn commit_once(
         .release(last, now.saturating_sub(window.as_millis() as i64))
         .await?;
     Ok(next)
+}
+
+/// Sets an acknowledged batch that cannot be applied aside, durably.
+fn dead_letter(rt: &FlowRuntime, offset: i64, e: &Error, batch: &RecordBatch) -> Result<()> {
+    rt.dead.put(
+        offset,
+        e,
+        crate::dead_letter::Contents::Rows(batch),
+        now_ms(),
+    )?;
+    log_event(
+        "warn",
+        &rt.flow.name,
+        "dead_letter",
+        &format!("offset={offset} error={:?}", e.to_string()),
+    );
+    Ok(())
 }
 
 /// Where the flows' logs live, for tools and tests.

@@ -58,6 +58,12 @@ pub struct LogStats {
     /// The newest append time among records released early: an idempotency
     /// key appended at or before it is no longer recognised.
     pub idempotency_floor_ms: Option<i64>,
+    /// The last group of appends could not be written or synced (a full or
+    /// failing disk): its records were rolled back and refused; the next
+    /// append tries again.
+    pub failing: bool,
+    /// Groups of appends that failed so, since the log was opened.
+    pub write_failures: u64,
 }
 
 #[async_trait::async_trait]
@@ -101,6 +107,9 @@ pub fn identity(dir: &Path) -> Result<String> {
     sync_dir(dir)?;
     Ok(id)
 }
+
+/// The code of an append the log could not make durable.
+pub const WRITE_FAILED: &str = "AUTOCDC_WAL.WRITE_FAILED";
 
 const MAGIC: u32 = 0xACDC_0001;
 const HEADER: usize = 12;
@@ -240,8 +249,28 @@ struct Writer {
     released_through: i64,
     early_released: u64,
     floor_ms: Option<i64>,
-    failed: Option<String>,
+    /// Where to roll back to before the next append: set when a failed
+    /// group's rollback itself failed.
+    rollback_to: Option<Mark>,
+    failing: bool,
+    write_failures: u64,
+    /// For log lines: the flow's name.
+    name: String,
+    faults: Arc<crate::fault::Faults>,
     stats: Arc<Mutex<LogStats>>,
+}
+
+/// The log's state at the start of a group of appends (everything before it
+/// is durable): a failed group rolls back to it.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    next: i64,
+    segment: i64,
+    bytes: u64,
+    last: i64,
+    first_ms: i64,
+    last_ms: i64,
+    keys: usize,
 }
 
 impl LocalLog {
@@ -254,6 +283,25 @@ impl LocalLog {
         segment_bytes: u64,
         max_bytes: u64,
         queue: usize,
+    ) -> Result<LocalLog> {
+        Self::open_with_faults(
+            dir,
+            committed,
+            segment_bytes,
+            max_bytes,
+            queue,
+            Default::default(),
+        )
+    }
+
+    /// `open`, with `FaultPoint::LogSync` failures injectable (tests).
+    pub fn open_with_faults(
+        dir: &Path,
+        committed: i64,
+        segment_bytes: u64,
+        max_bytes: u64,
+        queue: usize,
+        faults: Arc<crate::fault::Faults>,
     ) -> Result<LocalLog> {
         std::fs::create_dir_all(dir)?;
         let firsts = segment_firsts(dir)?;
@@ -326,7 +374,15 @@ impl LocalLog {
             released_through: committed,
             early_released: 0,
             floor_ms: None,
-            failed: None,
+            rollback_to: None,
+            failing: false,
+            write_failures: 0,
+            name: dir
+                .parent()
+                .and_then(|p| p.file_name())
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_else(|| dir.display().to_string()),
+            faults,
             stats: stats.clone(),
         };
         w.publish();
@@ -374,8 +430,17 @@ impl Writer {
 
     fn handle(&mut self, group: Vec<Cmd>) {
         let mut acks = Vec::new();
+        // A rollback that failed last time is retried before anything else.
+        let mut broken: Option<String> = None;
+        if let Some(mark) = self.rollback_to {
+            match self.rollback(mark) {
+                Ok(()) => self.rollback_to = None,
+                Err(e) => broken = Some(e.to_string()),
+            }
+        }
         // Records from this offset on are not durable until the sync below.
         let first_new = self.next;
+        let mark = self.mark();
         for cmd in group {
             match cmd {
                 Cmd::Append {
@@ -394,7 +459,17 @@ impl Writer {
                         ));
                         continue;
                     }
-                    let res = self.write(key, payload, now_ms);
+                    let res = match &broken {
+                        Some(e) => Err(Error::Io(std::io::Error::other(e.clone()))),
+                        None => self.write(key, payload, now_ms),
+                    };
+                    if let Err(e) = &res
+                        && !matches!(e, Error::Overloaded { .. })
+                    {
+                        // The file may hold part of this record: nothing
+                        // more goes after it in this group.
+                        broken.get_or_insert_with(|| e.to_string());
+                    }
                     acks.push((reply, res));
                 }
                 Cmd::Release {
@@ -407,43 +482,132 @@ impl Writer {
             }
         }
         // One fsync for the whole group, then the acknowledgements.
-        let synced = if acks.iter().any(|(_, r)| matches!(r, Ok(a) if !a.duplicate)) {
-            self.sync()
-        } else {
-            Ok(())
+        let synced = match broken {
+            Some(e) => Err(Error::Io(std::io::Error::other(e))),
+            None if acks.iter().any(|(_, r)| matches!(r, Ok(a) if !a.duplicate)) => self.sync(),
+            None => Ok(()),
         };
         if let Err(e) = &synced {
-            self.failed = Some(e.to_string());
+            // Nothing of this group is acknowledged, so none of it may stay:
+            // the file is cut back to the group's start (a record left there
+            // would be replayed later, and the offsets would not be dense).
             // A key counts only once its record is durable: a retry must
             // not be told `duplicate` for a record that may be lost.
             self.keys.retain(|_, &mut o| o < first_new);
+            self.write_failures += 1;
+            if !self.failing {
+                crate::service::log_event(
+                    "error",
+                    &self.name,
+                    "log_write_failed",
+                    &format!("error={:?}", e.to_string()),
+                );
+            }
+            self.failing = true;
+            if let Err(re) = self.rollback(mark) {
+                crate::service::log_event(
+                    "error",
+                    &self.name,
+                    "log_rollback_failed",
+                    &format!("error={:?}", re.to_string()),
+                );
+                self.rollback_to = Some(mark);
+            }
+        } else if self.failing && acks.iter().any(|(_, r)| matches!(r, Ok(a) if !a.duplicate)) {
+            self.failing = false;
+            crate::service::log_event("info", &self.name, "log_recovered", "");
         }
+        // Stats first: whoever is acknowledged must see their record in them.
+        self.publish();
         for (reply, res) in acks {
             let res = match (&synced, res) {
                 (Err(e), Ok(a)) if a.offset >= first_new => Err(Error::State {
-                    code: "AUTOCDC_WAL.WRITE_FAILED",
-                    message: format!("the write-ahead log could not be synced: {e}"),
+                    code: WRITE_FAILED,
+                    message: format!(
+                        "the flow's log could not be written ({e}); nothing was kept, retry"
+                    ),
+                }),
+                (Err(e), Err(Error::Io(_))) => Err(Error::State {
+                    code: WRITE_FAILED,
+                    message: format!(
+                        "the flow's log could not be written ({e}); nothing was kept, retry"
+                    ),
                 }),
                 (_, r) => r,
             };
             let _ = reply.send(res);
         }
-        self.publish();
     }
 
     fn sync(&mut self) -> Result<()> {
+        if self.faults.hit(crate::fault::FaultPoint::LogSync).is_err() {
+            return Err(Error::Io(std::io::Error::other(
+                "injected fault: the log's sync failed",
+            )));
+        }
         self.file.flush()?;
         self.file.get_ref().sync_data()?;
         Ok(())
     }
 
-    fn write(&mut self, key: Option<String>, payload: Bytes, now_ms: i64) -> Result<Appended> {
-        if let Some(e) = &self.failed {
-            return Err(Error::State {
-                code: "AUTOCDC_WAL.WRITE_FAILED",
-                message: format!("the write-ahead log failed earlier ({e}); restart the service"),
-            });
+    fn mark(&self) -> Mark {
+        let s = self.segments.last().expect("an active segment");
+        Mark {
+            next: self.next,
+            segment: s.first,
+            bytes: s.bytes,
+            last: s.last,
+            first_ms: s.first_ms,
+            last_ms: s.last_ms,
+            keys: s.keys.len(),
         }
+    }
+
+    /// Cuts the log back to `mark`: the failed group's unflushed bytes are
+    /// dropped (never written), segments it began are deleted, the marked
+    /// segment's file is truncated to its length then, and appends go on
+    /// from there. If this fails midway, appends stay refused until a later
+    /// call succeeds.
+    fn rollback(&mut self, mark: Mark) -> Result<()> {
+        let null = OpenOptions::new().write(true).open("/dev/null")?;
+        let stale = std::mem::replace(&mut self.file, BufWriter::with_capacity(0, null));
+        drop(stale.into_parts());
+        while self.segments.last().is_some_and(|s| s.first > mark.segment) {
+            let s = self.segments.pop().expect("a segment");
+            match std::fs::remove_file(s.path(&self.dir)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+                _ => {}
+            }
+        }
+        let path = match self.segments.last_mut().filter(|s| s.first == mark.segment) {
+            Some(seg) => {
+                let path = seg.path(&self.dir);
+                let f = OpenOptions::new().write(true).open(&path)?;
+                f.set_len(mark.bytes)?;
+                f.sync_all()?;
+                seg.bytes = mark.bytes;
+                seg.last = mark.last;
+                seg.first_ms = mark.first_ms;
+                seg.last_ms = mark.last_ms;
+                seg.keys.truncate(mark.keys);
+                path
+            }
+            None => {
+                // The marked segment was released meanwhile (all of it
+                // committed): a fresh one starts where the group began.
+                self.segments.push(Segment::empty(mark.next));
+                segment_path(&self.dir, mark.next)
+            }
+        };
+        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        sync_dir(&self.dir)?;
+        self.file = BufWriter::with_capacity(1 << 20, file);
+        self.next = mark.next;
+        self.keys.retain(|_, &mut o| o < mark.next);
+        Ok(())
+    }
+
+    fn write(&mut self, key: Option<String>, payload: Bytes, now_ms: i64) -> Result<Appended> {
         if self
             .segments
             .last()
@@ -479,10 +643,7 @@ impl Writer {
                 });
             }
         }
-        if let Err(e) = self.file.write_all(&frame) {
-            self.failed = Some(e.to_string());
-            return Err(e.into());
-        }
+        self.file.write_all(&frame)?;
         self.next += 1;
         let seg = self.segments.last_mut().expect("an active segment");
         if seg.bytes == 0 {
@@ -602,6 +763,8 @@ impl Writer {
                 .map(|s| s.first_ms),
             early_released_segments: self.early_released,
             idempotency_floor_ms: self.floor_ms,
+            failing: self.failing,
+            write_failures: self.write_failures,
         };
     }
 }
@@ -682,6 +845,56 @@ mod tests {
             assert_eq!(got, vec![(2, b("b")), (3, b("c"))]);
             assert_eq!(log.append(None, b("d"), 11).await.unwrap().offset, 4);
         });
+    }
+
+    /// A failed sync (a full disk) refuses the group, leaves nothing of it
+    /// in the file, keeps the offsets dense and forgets its keys; the next
+    /// append succeeds by itself, without a restart. Also when the failed
+    /// group had rolled into new segments.
+    #[test]
+    fn a_failed_sync_rolls_back_and_the_log_recovers_by_itself() {
+        for segment_bytes in [1 << 20, 1] {
+            let tmp = tempfile::tempdir().unwrap();
+            rt().block_on(async {
+                let faults = Arc::new(crate::fault::Faults::default());
+                let log = LocalLog::open_with_faults(
+                    tmp.path(),
+                    0,
+                    segment_bytes,
+                    u64::MAX,
+                    8,
+                    faults.clone(),
+                )
+                .unwrap();
+                log.append(Some("a".into()), b("a"), 1).await.unwrap();
+                faults.arm(crate::fault::FaultPoint::LogSync, 0);
+                let e = log.append(Some("b".into()), b("b"), 2).await.unwrap_err();
+                assert_eq!(e.code(), WRITE_FAILED, "{e}");
+                let st = log.stats();
+                assert!(st.failing && st.write_failures == 1, "{st:?}");
+                assert_eq!(st.next_offset, 2);
+                // The retry is appended (not a duplicate), at the next offset.
+                let again = log.append(Some("b".into()), b("b2"), 3).await.unwrap();
+                assert_eq!(
+                    again,
+                    Appended {
+                        offset: 2,
+                        duplicate: false
+                    }
+                );
+                assert!(!log.stats().failing);
+                drop(log);
+                let log = LocalLog::open(tmp.path(), 0, segment_bytes, u64::MAX, 8).unwrap();
+                let got: Vec<(i64, Bytes)> = log
+                    .replay(0)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|r| (r.offset, r.payload))
+                    .collect();
+                assert_eq!(got, vec![(1, b("a")), (2, b("b2"))], "{segment_bytes}");
+            });
+        }
     }
 
     #[test]

@@ -138,3 +138,68 @@ fn every_flow_of_the_examples_config_is_exercised() {
         ]
     );
 }
+
+/// README "Error codes" lists exactly the codes in `src/`: every
+/// `"AUTOCDC_..."` string literal there (but the `AUTOCDC_TOKEN` variable).
+#[test]
+fn the_readme_error_table_matches_the_codes_in_the_source() {
+    use std::collections::BTreeSet;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // Every `<quote>AUTOCDC_...<quote>` in `text`.
+    let code_in = |text: &str, quote: char| -> BTreeSet<String> {
+        let open = format!("{quote}AUTOCDC_");
+        text.match_indices(&open)
+            .filter_map(|(i, _)| {
+                let rest = &text[i + 1..];
+                let name = &rest[..rest.find(quote)?];
+                name.chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_' || c == '.')
+                    .then(|| name.to_string())
+            })
+            .collect()
+    };
+    let mut in_src = BTreeSet::new();
+    let mut dirs = vec![root.join("src")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                in_src.extend(code_in(&std::fs::read_to_string(&p).unwrap(), '"'));
+            }
+        }
+    }
+    in_src.remove("AUTOCDC_TOKEN");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let section = readme
+        .split("#### Error codes")
+        .nth(1)
+        .and_then(|s| s.split("\n#").next())
+        .expect("README has an Error codes section");
+    let mut in_readme = BTreeSet::new();
+    for line in section.lines().filter(|l| l.starts_with("| `")) {
+        let first_cell = line.split('|').nth(1).unwrap();
+        let mut last = String::new();
+        for name in code_in(first_cell, '`') {
+            last = name.clone();
+            in_readme.insert(name);
+        }
+        // `.METADATA_LOCATION` after a full code shares its prefix.
+        for short in first_cell
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|s| s.starts_with('.'))
+        {
+            let prefix = last.rsplit_once('.').map(|(p, _)| p).unwrap_or(&last);
+            in_readme.insert(format!("{prefix}{short}"));
+        }
+    }
+    let missing: Vec<_> = in_src.difference(&in_readme).collect();
+    let stale: Vec<_> = in_readme.difference(&in_src).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "codes in src/ but not in README: {missing:?}; in README but not in src/: {stale:?}"
+    );
+}

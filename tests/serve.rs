@@ -152,7 +152,7 @@ fn bad_requests_get_a_status_a_code_and_the_offending_row_and_column() {
                 "application/vnd.apache.arrow.stream",
                 "not arrow".into(),
                 400,
-                "AUTOCDC_MICROBATCH_VALIDATION.MALFORMED",
+                "AUTOCDC_MICROBATCH_VALIDATION.ARROW",
                 None,
                 None,
             ),
@@ -208,10 +208,12 @@ fn tokens_are_checked_per_flow() {
             TokenConfig {
                 token: "admin".into(),
                 flows: vec![],
+                namespaces: vec![],
             },
             TokenConfig {
                 token: "only-a".into(),
                 flows: vec!["a".into()],
+                namespaces: vec![],
             },
         ];
         let r = start(cfg).await;
@@ -558,6 +560,7 @@ fn the_openapi_document_matches_the_routes() {
             ("POST", "/v1/flows/{flow}/changes"),
             ("POST", "/v1/flows/{flow}/snapshots"),
             ("POST", "/v1/flows/{flow}/commit"),
+            ("GET", "/v1/flows/{flow}/dead-letters"),
         ]
         .iter()
         .map(|(m, p)| (m.to_string(), p.to_string()))
