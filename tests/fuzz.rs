@@ -12,11 +12,8 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
-use arrow_ipc::writer::StreamWriter;
 use common::http::*;
 use common::*;
 use rand::rngs::StdRng;
@@ -71,30 +68,7 @@ fn seed_body(kind: Format, evs: &[Ev]) -> Vec<u8> {
     match kind {
         Format::Ndjson => ndjson(evs).into_bytes(),
         Format::JsonArray => format!("[{}]", ndjson(evs).replace('\n', ",")).into_bytes(),
-        Format::Arrow => {
-            let op = |e: &Ev| if e.1 == "D" { "DELETE" } else { "UPSERT" };
-            let city: Vec<Option<&str>> = evs.iter().map(|e| e.2).collect();
-            let cols: Vec<(&str, ArrayRef)> = vec![
-                (
-                    "id",
-                    Arc::new(Int64Array::from_iter_values(evs.iter().map(|e| e.0))) as ArrayRef,
-                ),
-                (
-                    "op",
-                    Arc::new(StringArray::from_iter_values(evs.iter().map(op))) as ArrayRef,
-                ),
-                ("city", Arc::new(StringArray::from(city)) as ArrayRef),
-                (
-                    "seq",
-                    Arc::new(Int64Array::from_iter_values(evs.iter().map(|e| e.3))) as ArrayRef,
-                ),
-            ];
-            let batch = RecordBatch::try_from_iter(cols).unwrap();
-            let mut w = StreamWriter::try_new(Vec::new(), &batch.schema()).unwrap();
-            w.write(&batch).unwrap();
-            w.finish().unwrap();
-            w.into_inner().unwrap()
-        }
+        Format::Arrow => arrow_body(evs),
     }
 }
 

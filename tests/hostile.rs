@@ -340,32 +340,9 @@ fn a_refused_definition_changes_nothing_and_targets_are_not_shared() {
     });
 }
 
-/// An Arrow IPC stream with `rows` rows of the customers flow.
-fn arrow_body(rows: i64) -> Vec<u8> {
-    let ids: Vec<i64> = (0..rows).collect();
-    let batch = arrow_array::RecordBatch::try_from_iter([
-        (
-            "id",
-            Arc::new(arrow_array::Int64Array::from(ids.clone())) as arrow_array::ArrayRef,
-        ),
-        (
-            "op",
-            Arc::new(arrow_array::StringArray::from(vec![
-                "UPSERT";
-                rows as usize
-            ])) as _,
-        ),
-        (
-            "city",
-            Arc::new(arrow_array::StringArray::from(vec!["Leeds"; rows as usize])) as _,
-        ),
-        ("seq", Arc::new(arrow_array::Int64Array::from(ids)) as _),
-    ])
-    .unwrap();
-    let mut w = arrow_ipc::writer::StreamWriter::try_new(Vec::new(), &batch.schema()).unwrap();
-    w.write(&batch).unwrap();
-    w.finish().unwrap();
-    w.into_inner().unwrap()
+/// `n` upserts of the customers flow.
+fn leeds(n: i64) -> Vec<Ev> {
+    (0..n).map(|i| u(i, "Leeds", i)).collect()
 }
 
 /// The stream's messages: (metadata range, body length).
@@ -413,7 +390,7 @@ fn arrow_bodies_that_lie_about_lengths_are_refused_and_the_process_lives() {
     rt().block_on(async {
         let r = start(config(tmp.path(), vec![flow_cfg("c", "50ms")])).await;
         let c = reqwest::Client::new();
-        let good = arrow_body(77);
+        let good = arrow_body(&leeds(77));
         let msgs = ipc_messages(&good);
         let (batch_meta, batch_body) = msgs.last().unwrap().clone();
         let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
@@ -641,13 +618,13 @@ fn a_body_over_max_rows_per_request_is_refused() {
         let r = start(cfg).await;
         let c = reqwest::Client::new();
         let changes = url(&r, "/v1/flows/c/changes");
-        let evs: Vec<Ev> = (0..11).map(|i| u(i, "Leeds", i)).collect();
+        let evs = leeds(11);
         let lines = ndjson(&evs);
         let array = format!("[{}]", lines.replace('\n', ","));
         for (ctype, body) in [
             ("application/x-ndjson", lines.clone().into_bytes()),
             ("application/json", array.into_bytes()),
-            ("application/vnd.apache.arrow.stream", arrow_body(11)),
+            ("application/vnd.apache.arrow.stream", arrow_body(&evs)),
         ] {
             let (s, v) = post(&c, &changes, ctype, body, None).await;
             assert_eq!(
@@ -989,6 +966,74 @@ fn a_token_cannot_point_its_flow_at_another_table() {
         );
         let (s, v) = put("lim", "sandbox.orders").await;
         assert_eq!(s, 201, "{v}");
+        r.stop().await.unwrap();
+    });
+}
+
+/// Decimals, timestamps, ints and doubles over HTTP: a lossy decimal, an
+/// out-of-range timestamp, a fraction into an int and an overflowing double
+/// are each a 400 naming the row and column (they used to become 1.00,
+/// 9999-12-31, 1 and infinity).
+#[test]
+fn typed_columns_refuse_what_they_cannot_hold_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let r = start(config(tmp.path(), vec![])).await;
+        let c = reqwest::Client::new();
+        let def = json!({
+            "target": "shop.typed",
+            "keys": ["id"],
+            "sequence_by": "seq",
+            "columns": [
+                {"name": "id", "type": "long", "required": true},
+                {"name": "seq", "type": "long", "required": true},
+                {"name": "amount", "type": "decimal(10,2)"},
+                {"name": "at", "type": "timestamp"},
+                {"name": "qty", "type": "int"},
+                {"name": "ratio", "type": "double"},
+            ],
+        });
+        let resp = c
+            .put(url(&r, "/v1/flows/typed"))
+            .json(&def)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 201, "{:?}", resp.text().await);
+        let changes = url(&r, "/v1/flows/typed/changes");
+        let good = r#"{"id": 1, "seq": 1, "amount": "12.50", "at": "2026-11-30T12:00:00", "qty": 3, "ratio": 0.5}"#;
+        for (bad, column) in [
+            (r#"{"id": 2, "seq": 1, "amount": 1.005}"#, "amount"),
+            (r#"{"id": 2, "seq": 1, "amount": 123456789}"#, "amount"),
+            (r#"{"id": 2, "seq": 1, "at": 1e30}"#, "at"),
+            (r#"{"id": 2, "seq": 1, "at": "10000-01-01T00:00:00"}"#, "at"),
+            (r#"{"id": 2, "seq": 1, "qty": 1.5}"#, "qty"),
+            (r#"{"id": 2, "seq": 1, "qty": 3000000000}"#, "qty"),
+            (r#"{"id": 2, "seq": 1, "ratio": 1e400}"#, "ratio"),
+        ] {
+            let (s, v) = post(
+                &c,
+                &changes,
+                "application/x-ndjson",
+                format!("{good}\n{bad}"),
+                None,
+            )
+            .await;
+            assert_eq!(
+                (s, v["error"]["row"].as_u64(), v["error"]["column"].as_str()),
+                (400, Some(1), Some(column)),
+                "{bad}: {v}"
+            );
+        }
+        let (s, v) = post(
+            &c,
+            &url(&r, "/v1/flows/typed/changes?wait=commit"),
+            "application/x-ndjson",
+            good.to_string(),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
         r.stop().await.unwrap();
     });
 }
