@@ -2,6 +2,17 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = autocdc::cli::Cli::parse();
+    // Structured lines on stderr (`AUTOCDC_LOG`: error, warn, info (the
+    // default), debug, trace).
+    let level = std::env::var("AUTOCDC_LOG")
+        .ok()
+        .and_then(|l| l.parse::<tracing::Level>().ok())
+        .unwrap_or(tracing::Level::INFO);
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .with_target(false)
+        .init();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

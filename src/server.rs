@@ -984,7 +984,7 @@ impl Running {
     /// Waits for SIGTERM / SIGINT, then stops.
     pub async fn until_signal(self) -> crate::Result<()> {
         shutdown_signal().await;
-        eprintln!("autocdc: stopping; committing what is pending");
+        tracing::info!("stopping: committing what is pending");
         self.stop().await
     }
 }
@@ -1010,16 +1010,16 @@ pub async fn start(
         shutdown_grace: config.server.shutdown_grace()?,
     };
     let server = tokio::spawn(accept_loop(listener, app, service.clone(), limits, stopped));
-    eprintln!(
-        "autocdc: listening on http://{addr} (data_dir {}); recovering {} flow(s)",
-        config.server.data_dir,
-        flows.len()
+    tracing::info!(
+        data_dir = %config.server.data_dir,
+        flows = flows.len(),
+        "listening on http://{addr}; recovering the flows"
     );
     if let Err(e) = service.start(flows).await {
         server.abort();
         return Err(e);
     }
-    eprintln!("autocdc: ready");
+    tracing::info!("ready");
     Ok(Running {
         addr,
         service,
@@ -1065,12 +1065,7 @@ async fn accept_loop(
             Err(e) => {
                 // Out of files or similar: do not spin; the connections
                 // that end free what is needed.
-                crate::service::log_event(
-                    "warn",
-                    "-",
-                    "accept_failed",
-                    &format!("error={:?}", e.to_string()),
-                );
+                tracing::warn!(error = %e, "accept_failed");
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 continue;
             }
@@ -1112,11 +1107,9 @@ async fn accept_loop(
     })
     .await;
     if drained.is_err() {
-        crate::service::log_event(
-            "warn",
-            "-",
-            "connections_cut",
-            &format!("open={} after=server.shutdown_grace", tasks.len()),
+        tracing::warn!(
+            open = tasks.len(),
+            "connections_cut: still open after server.shutdown_grace"
         );
         tasks.shutdown().await;
     }

@@ -471,12 +471,7 @@ impl Service {
                         crate::dead_letter::Contents::Raw(&r.payload),
                         now_ms(),
                     )?;
-                    log_event(
-                        "error",
-                        &flow.name,
-                        "dead_letter",
-                        &format!("offset={} error={:?}", r.offset, e.to_string()),
-                    );
+                    tracing::error!(flow = %flow.name, offset = r.offset, error = %e, "dead_letter");
                     (RecordBatch::new_empty(flow.source_arrow.clone()), None)
                 }
             };
@@ -750,7 +745,7 @@ async fn committer(
         match outcome {
             Ok(next) => {
                 if rt.lock().status.degraded {
-                    log_event("info", &rt.flow.name, "commit_recovered", "");
+                    tracing::info!(flow = %rt.flow.name, "commit_recovered");
                 }
                 backoff = Duration::from_millis(100);
                 let asked = rt.requested.load(std::sync::atomic::Ordering::SeqCst);
@@ -767,15 +762,11 @@ async fn committer(
                     inner.status.last_error = Some(e.to_string());
                     inner.status.degraded = true;
                 }
-                log_event(
-                    "error",
-                    &rt.flow.name,
-                    "commit_failed",
-                    &format!(
-                        "retry_in_ms={} error={:?}",
-                        backoff.as_millis(),
-                        e.to_string()
-                    ),
+                tracing::error!(
+                    flow = %rt.flow.name,
+                    retry_in_ms = backoff.as_millis() as u64,
+                    error = %e,
+                    "commit_failed"
                 );
                 if stopping && backoff >= MAX_BACKOFF {
                     // Give up on the final commit; the log keeps the batches.
@@ -796,12 +787,6 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".into())
-}
-
-/// One structured line on stderr (logfmt): commit failures, recoveries.
-pub fn log_event(level: &str, flow: &str, event: &str, fields: &str) {
-    let ts = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    eprintln!("ts={ts} level={level} flow={flow:?} event={event} {fields}");
 }
 
 /// What is left for the committer after a commit.
@@ -1005,12 +990,7 @@ fn dead_letter(rt: &FlowRuntime, offset: i64, e: &Error, batch: &RecordBatch) ->
         crate::dead_letter::Contents::Rows(batch),
         now_ms(),
     )?;
-    log_event(
-        "warn",
-        &rt.flow.name,
-        "dead_letter",
-        &format!("offset={offset} error={:?}", e.to_string()),
-    );
+    tracing::warn!(flow = %rt.flow.name, offset, error = %e, "dead_letter");
     Ok(())
 }
 

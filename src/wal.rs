@@ -496,26 +496,16 @@ impl Writer {
             self.keys.retain(|_, &mut o| o < first_new);
             self.write_failures += 1;
             if !self.failing {
-                crate::service::log_event(
-                    "error",
-                    &self.name,
-                    "log_write_failed",
-                    &format!("error={:?}", e.to_string()),
-                );
+                tracing::error!(flow = %self.name, error = %e, "log_write_failed");
             }
             self.failing = true;
             if let Err(re) = self.rollback(mark) {
-                crate::service::log_event(
-                    "error",
-                    &self.name,
-                    "log_rollback_failed",
-                    &format!("error={:?}", re.to_string()),
-                );
+                tracing::error!(flow = %self.name, error = %re, "log_rollback_failed");
                 self.rollback_to = Some(mark);
             }
         } else if self.failing && acks.iter().any(|(_, r)| matches!(r, Ok(a) if !a.duplicate)) {
             self.failing = false;
-            crate::service::log_event("info", &self.name, "log_recovered", "");
+            tracing::info!(flow = %self.name, "log_recovered");
         }
         // Stats first: whoever is acknowledged must see their record in them.
         self.publish();
