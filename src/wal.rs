@@ -477,7 +477,13 @@ impl Writer {
                     keep_after_ms,
                     reply,
                 } => {
-                    let _ = reply.send(self.release(offset, keep_after_ms));
+                    // Not while a rollback is owed: releasing may roll to
+                    // a new segment from a state that is not the file's.
+                    let res = match (&broken, self.rollback_to) {
+                        (Some(e), Some(_)) => Err(Error::Io(std::io::Error::other(e.clone()))),
+                        _ => self.release(offset, keep_after_ms),
+                    };
+                    let _ = reply.send(res);
                 }
             }
         }
@@ -499,7 +505,11 @@ impl Writer {
                 tracing::error!(flow = %self.name, error = %e, "log_write_failed");
             }
             self.failing = true;
-            if let Err(re) = self.rollback(mark) {
+            // With an earlier rollback still owed, this group wrote nothing
+            // (every append was refused) and the owed mark stays the target.
+            if self.rollback_to.is_none()
+                && let Err(re) = self.rollback(mark)
+            {
                 tracing::error!(flow = %self.name, error = %re, "log_rollback_failed");
                 self.rollback_to = Some(mark);
             }
