@@ -686,14 +686,23 @@ impl Writer {
         }
         let n = self.segments.len();
         let mut keep = Vec::with_capacity(n);
+        let mut failed = None;
         for (i, s) in std::mem::take(&mut self.segments).into_iter().enumerate() {
             if i + 1 < n && s.last <= offset && s.last_ms < keep_after_ms {
-                self.remove(&s)?;
+                // A segment that cannot be deleted stays (and is retried
+                // at the next release); the rest are not forgotten.
+                if let Err(e) = self.remove(&s) {
+                    failed.get_or_insert(e);
+                    keep.push(s);
+                }
             } else {
                 keep.push(s);
             }
         }
         self.segments = keep;
+        if let Some(e) = failed {
+            return Err(e);
+        }
         // Keep two segments of headroom under the bound, so that appends
         // seldom have to release segments themselves.
         self.evict(
@@ -727,7 +736,10 @@ impl Writer {
             && self.segments[0].last <= self.released_through
         {
             let s = self.segments.remove(0);
-            self.remove(&s)?;
+            if let Err(e) = self.remove(&s) {
+                self.segments.insert(0, s);
+                return Err(e);
+            }
             total -= s.bytes;
             if s.bytes > 0 {
                 self.early_released += 1;
@@ -739,7 +751,10 @@ impl Writer {
 
     /// Deletes a released segment's file and forgets its idempotency keys.
     fn remove(&mut self, s: &Segment) -> Result<()> {
-        std::fs::remove_file(s.path(&self.dir))?;
+        match std::fs::remove_file(s.path(&self.dir)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
         for k in &s.keys {
             if self.keys.get(k).is_some_and(|&o| o <= s.last) {
                 self.keys.remove(k);
@@ -895,6 +910,39 @@ mod tests {
                 assert_eq!(got, vec![(1, b("a")), (2, b("b2"))], "{segment_bytes}");
             });
         }
+    }
+
+    /// A segment that cannot be deleted at release is kept and reported;
+    /// the log goes on (the segments after it used to be forgotten, and the
+    /// next append panicked the writer: the flow's log was dead).
+    #[test]
+    fn a_segment_that_cannot_be_deleted_does_not_break_the_log() {
+        let tmp = tempfile::tempdir().unwrap();
+        rt().block_on(async {
+            let log = LocalLog::open(tmp.path(), 0, 1, u64::MAX, 8).unwrap();
+            for s in ["a", "b", "c"] {
+                log.append(None, b(s), 1).await.unwrap();
+            }
+            // Offset 1's segment becomes a directory that unlink refuses.
+            let seg = segment_path(tmp.path(), 1);
+            std::fs::remove_file(&seg).unwrap();
+            std::fs::create_dir(&seg).unwrap();
+            std::fs::write(seg.join("x"), b"x").unwrap();
+            assert!(log.release(3, 100).await.is_err());
+            let d = log.append(None, b("d"), 2).await.unwrap();
+            assert_eq!(d.offset, 4);
+            std::fs::remove_dir_all(&seg).unwrap();
+            log.release(4, 100).await.unwrap();
+            assert_eq!(log.append(None, b("e"), 3).await.unwrap().offset, 5);
+            let left: Vec<i64> = log
+                .replay(0)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.offset)
+                .collect();
+            assert_eq!(left, vec![5]);
+        });
     }
 
     #[test]
