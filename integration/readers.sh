@@ -7,7 +7,8 @@
 # expected rows / an SQL oracle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-: "${CARGO_TARGET_DIR:=$HOME/.cache/autocdc-target}"
+# cargo's own default (./target, shared with `cargo run -- demo`) unless the caller sets one.
+: "${CARGO_TARGET_DIR:=$PWD/target}"
 export CARGO_TARGET_DIR
 py=${AUTOCDC_PY:-$HOME/.cache/autocdc-venv/bin/python}
 out=$(mktemp -d)

@@ -7,7 +7,8 @@
 # Longer runs: `autocdc soak --duration 60m` (see README, "Soak").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-: "${CARGO_TARGET_DIR:=$HOME/.cache/autocdc-target}"
+# cargo's own default (./target, shared with `cargo run -- demo`) unless the caller sets one.
+: "${CARGO_TARGET_DIR:=$PWD/target}"
 export CARGO_TARGET_DIR
 cargo build --quiet --bin autocdc
 "$CARGO_TARGET_DIR/debug/autocdc" soak --duration "${AUTOCDC_SOAK_DURATION:-2m}" \

@@ -12,7 +12,8 @@
 # backends with integration/backends.sh when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-: "${CARGO_TARGET_DIR:=$HOME/.cache/autocdc-target}"
+# cargo's own default (./target, shared with `cargo run -- demo`) unless the caller sets one.
+: "${CARGO_TARGET_DIR:=$PWD/target}"
 export CARGO_TARGET_DIR
 combos=("$@")
 [ ${#combos[@]} -eq 0 ] && combos=(hadoop-local hadoop-s3 sql-s3 rest)

@@ -7,7 +7,8 @@
 #   bash integration/two_instances.sh [hadoop-local|sql-s3]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
-: "${CARGO_TARGET_DIR:=$HOME/.cache/autocdc-target}"
+# cargo's own default (./target, shared with `cargo run -- demo`) unless the caller sets one.
+: "${CARGO_TARGET_DIR:=$PWD/target}"
 export CARGO_TARGET_DIR
 combos=("$@")
 [ ${#combos[@]} -eq 0 ] && combos=(hadoop-local sql-s3)

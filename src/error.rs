@@ -2,7 +2,7 @@
 //! (`Error::code`), says what was wrong and, where there is one, the fix.
 //! Only `main` (and later the HTTP layer) turns these into exit codes or responses.
 
-use crate::predicate::PredicateError;
+use crate::core::predicate::PredicateError;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

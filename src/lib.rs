@@ -1,33 +1,17 @@
 //! autocdc: applies change-data-capture streams to Apache Iceberg tables.
 //! See ARCHITECTURE.md for the map of modules and their invariants.
+//!
+//! - `core`: the pure logic (flow definitions, predicates, resolution, state); no I/O, no clock.
+//! - `table`: the Iceberg shell (engine and its commit phases, files, catalogs, storage).
+//! - `service`: `autocdc serve` (HTTP, input decoding, ingest logs, committers).
+//! - `tools`: the command line and its helpers (push, bench, loadgen, gen, soak).
 
-pub mod convert;
-pub mod dead_letter;
+pub mod config;
+pub mod core;
 pub mod error;
 pub mod fault;
-pub mod flow;
-pub mod from_snapshot;
-pub mod ghost_kitchen;
-pub mod history;
-pub mod offsets;
-pub mod predicate;
-pub mod resolve;
-pub mod state;
-pub mod state_table;
-pub mod truncate;
+pub mod service;
+pub mod table;
+pub mod tools;
 
 pub use error::{Error, Result};
-pub mod bench;
-pub mod catalog;
-pub mod cli;
-pub mod engine;
-pub mod input;
-pub mod loadgen;
-pub mod push;
-pub mod server;
-pub mod service;
-pub mod snapshot;
-pub mod soak;
-pub mod storage;
-pub mod wal;
-pub mod write;

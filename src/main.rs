@@ -1,7 +1,7 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    let cli = autocdc::cli::Cli::parse();
+    let cli = autocdc::tools::cli::Cli::parse();
     // Structured lines on stderr (`AUTOCDC_LOG`: error, warn, info (the
     // default), debug, trace).
     let level = std::env::var("AUTOCDC_LOG")
@@ -23,7 +23,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
-    match rt.block_on(autocdc::cli::run(cli)) {
+    match rt.block_on(autocdc::tools::cli::run(cli)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -4,8 +4,8 @@
 
 mod common;
 
+use autocdc::core::flow::{Flow, TiePolicy};
 use autocdc::error::codes;
-use autocdc::flow::{Flow, TiePolicy};
 use common::*;
 
 fn run(flow: &Flow, case: &Case, restart: bool) -> Sim {
@@ -223,7 +223,7 @@ fn tombstones_are_collected_after_the_threshold_and_then_a_late_upsert_resurrect
 
 #[test]
 fn multi_column_sequence_compares_in_order() {
-    let cfg: autocdc::flow::FlowConfig = toml::from_str(
+    let cfg: autocdc::core::flow::FlowConfig = toml::from_str(
         r#"
         name = "m"
         target = "a.m"

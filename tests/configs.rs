@@ -1,6 +1,6 @@
 //! Every ready-made configuration under `catalogs/` loads and its flows validate.
 
-use autocdc::flow::Config;
+use autocdc::config::Config;
 
 #[test]
 fn every_config_under_catalogs_loads() {

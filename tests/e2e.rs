@@ -14,11 +14,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use autocdc::catalog::Catalog;
-use autocdc::catalog::hadoop::HadoopCatalog;
-use autocdc::engine::Engine;
+use autocdc::core::flow::Flow;
 use autocdc::fault::{FaultPoint, Faults};
-use autocdc::flow::Flow;
+use autocdc::table::catalog::Catalog;
+use autocdc::table::catalog::hadoop::HadoopCatalog;
+use autocdc::table::engine::Engine;
 use common::scd;
 use common::*;
 
@@ -538,8 +538,8 @@ fn adopted_table_partitioned_by_the_key() {
 }
 
 fn adopted_table(partition_by: &[&str]) {
-    use autocdc::snapshot::{self, RowDelta};
-    use autocdc::write::{self, FileNamer, Partitioner};
+    use autocdc::table::row_delta::{self, RowDelta};
+    use autocdc::table::write::{self, FileNamer, Partitioner};
     let tmp = tempfile::tempdir().unwrap();
     rt().block_on(async {
         let flow = partitioned_flow_for("adopt.t", partition_by);
@@ -589,7 +589,7 @@ fn adopted_table(partition_by: &[&str]) {
         // Partitioned by city, the two rows are in two partitions.
         let by_city = partition_by == ["city"];
         assert_eq!(files.len(), if by_city { 2 } else { 1 });
-        let p = snapshot::produce(
+        let p = row_delta::produce(
             cat.file_io(),
             &t,
             RowDelta {

@@ -6,11 +6,11 @@ mod common;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
-use autocdc::catalog::Catalog;
-use autocdc::catalog::hadoop::HadoopCatalog;
-use autocdc::engine::Engine;
+use autocdc::core::flow::Flow;
 use autocdc::fault::Faults;
-use autocdc::flow::Flow;
+use autocdc::table::catalog::Catalog;
+use autocdc::table::catalog::hadoop::HadoopCatalog;
+use autocdc::table::engine::Engine;
 use common::*;
 
 fn catalog(dir: &std::path::Path) -> Arc<dyn Catalog> {
@@ -52,7 +52,7 @@ async fn apply(
     flow: &Flow,
     rows: &[(&str, i64)],
     v: i64,
-) -> autocdc::engine::CommitReport {
+) -> autocdc::table::engine::CommitReport {
     let off = e.summary().input_offset + 1;
     e.apply_snapshot_at(&snap(flow, rows), v, 1_000 + v, off)
         .await

@@ -8,13 +8,17 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use autocdc::fault::{FaultPoint, Faults};
-use autocdc::server;
+use autocdc::service::http;
 use common::http::*;
 use common::*;
 use serde_json::{Value, json};
 
 /// The server answers, and the flow still commits a good batch.
-async fn still_serving(c: &reqwest::Client, r: &autocdc::server::Running, dir: &std::path::Path) {
+async fn still_serving(
+    c: &reqwest::Client,
+    r: &autocdc::service::http::Running,
+    dir: &std::path::Path,
+) {
     let health = c.get(url(r, "/healthz")).send().await.unwrap();
     assert_eq!(health.status().as_u16(), 200);
     let good = [u(1, "Leeds", 1), u(2, "York", 2)];
@@ -133,7 +137,7 @@ fn a_panic_in_the_committer_degrades_the_flow_and_it_recovers() {
     rt().block_on(async {
         let faults = Arc::new(Faults::default());
         faults.arm_panic(FaultPoint::AfterStateFile, 0);
-        let r = server::start(config(tmp.path(), vec![flow_cfg("c", "20ms")]), faults)
+        let r = http::start(config(tmp.path(), vec![flow_cfg("c", "20ms")]), faults)
             .await
             .unwrap();
         let c = reqwest::Client::new();
@@ -739,7 +743,7 @@ fn a_failed_log_write_is_visible_refused_and_recovers_by_itself() {
     let tmp = tempfile::tempdir().unwrap();
     rt().block_on(async {
         let faults = Arc::new(Faults::default());
-        let r = server::start(
+        let r = http::start(
             config(tmp.path(), vec![flow_cfg("c", "1h")]),
             faults.clone(),
         )
@@ -817,7 +821,7 @@ fn unappliable_records_go_to_the_dead_letter_area_and_the_flow_goes_on() {
     let tmp = tempfile::tempdir().unwrap();
     rt().block_on(async {
         let mut f = flow_cfg("c", "1h");
-        f.on_sequence_tie = autocdc::flow::TiePolicy::Error;
+        f.on_sequence_tie = autocdc::core::flow::TiePolicy::Error;
         let r = start(config(tmp.path(), vec![f.clone()])).await;
         let c = reqwest::Client::new();
         let changes = url(&r, "/v1/flows/c/changes");
@@ -883,8 +887,8 @@ fn unappliable_records_go_to_the_dead_letter_area_and_the_flow_goes_on() {
         r.stop().await.unwrap();
         // A record that does not decode, found at a restart.
         let wal = tmp.path().join("data/flows/c/wal");
-        let log = autocdc::wal::LocalLog::open(&wal, 0, 1 << 20, u64::MAX, 8).unwrap();
-        use autocdc::wal::IngestLog;
+        let log = autocdc::service::wal::LocalLog::open(&wal, 0, 1 << 20, u64::MAX, 8).unwrap();
+        use autocdc::service::wal::IngestLog;
         let bad = log
             .append(None, bytes::Bytes::from_static(b"not an arrow stream"), 1)
             .await
@@ -927,12 +931,12 @@ fn a_token_cannot_point_its_flow_at_another_table() {
     rt().block_on(async {
         let mut cfg = config(tmp.path(), vec![flow_cfg("orders", "1h")]);
         cfg.server.tokens = vec![
-            autocdc::flow::TokenConfig {
+            autocdc::config::TokenConfig {
                 token: "admin".into(),
                 flows: vec![],
                 namespaces: vec![],
             },
-            autocdc::flow::TokenConfig {
+            autocdc::config::TokenConfig {
                 token: "lim".into(),
                 flows: vec!["lim".into()],
                 namespaces: vec!["sandbox".into()],

@@ -8,11 +8,11 @@ mod common;
 
 use std::sync::Arc;
 
-use autocdc::catalog::Catalog;
-use autocdc::catalog::hadoop::HadoopCatalog;
-use autocdc::engine::Engine;
+use autocdc::core::offsets::LogRef;
 use autocdc::fault::Faults;
-use autocdc::offsets::LogRef;
+use autocdc::table::catalog::Catalog;
+use autocdc::table::catalog::hadoop::HadoopCatalog;
+use autocdc::table::engine::Engine;
 use common::*;
 use proptest::prelude::*;
 

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use autocdc::flow::{CatalogConfig, Config};
+use autocdc::config::{CatalogConfig, Config};
 use common::*;
 
 /// `examples/flows.toml` with its warehouse in `tmp`.
@@ -28,9 +28,10 @@ fn example(flow: &str, files: &[&str], expected: &[&[&str]]) {
     let flow = config.flow(flow).unwrap();
     let got = rt().block_on(async {
         let faults = std::sync::Arc::new(autocdc::fault::Faults::default());
-        let cat = autocdc::catalog::open(&config.catalog, faults).unwrap();
+        let cat = autocdc::table::catalog::open(&config.catalog, faults).unwrap();
         for (i, f) in files.iter().enumerate() {
-            let b = autocdc::input::read_file(&flow, &root.join("examples").join(f)).unwrap();
+            let b =
+                autocdc::service::input::read_file(&flow, &root.join("examples").join(f)).unwrap();
             open_engine(&cat, &flow)
                 .await
                 .apply(&b, 1_000 + i as i64)
@@ -87,14 +88,15 @@ fn from_snapshot_example() {
     let flow = config.flow("stock").unwrap();
     let got = rt().block_on(async {
         let faults = std::sync::Arc::new(autocdc::fault::Faults::default());
-        let cat = autocdc::catalog::open(&config.catalog, faults).unwrap();
+        let cat = autocdc::table::catalog::open(&config.catalog, faults).unwrap();
         for (v, f, skipped, files) in [
             (1, "stock-1.csv", false, 1),
             (2, "stock-2.csv", false, 1),
             (2, "stock-2.csv", true, 0),
             (3, "stock-2.csv", false, 0),
         ] {
-            let b = autocdc::input::read_file(&flow, &root.join("examples").join(f)).unwrap();
+            let b =
+                autocdc::service::input::read_file(&flow, &root.join("examples").join(f)).unwrap();
             let mut e = open_engine(&cat, &flow).await;
             let off = e.summary().input_offset + 1;
             let r = e.apply_snapshot_at(&b, v, 1_000 + v, off).await.unwrap();

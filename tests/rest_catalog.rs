@@ -8,9 +8,9 @@ mod common;
 
 use std::sync::Arc;
 
-use autocdc::catalog::Catalog;
-use autocdc::catalog::rest::RestCatalog;
-use autocdc::flow::RestConfig;
+use autocdc::config::RestConfig;
+use autocdc::table::catalog::Catalog;
+use autocdc::table::catalog::rest::RestCatalog;
 use common::*;
 
 fn rest(cfg: &RestConfig) -> Arc<dyn Catalog> {
@@ -44,10 +44,10 @@ fn a_commit_from_a_stale_base_gets_the_servers_conflict() {
         );
         assert!(loaded.metadata_location.starts_with("s3://"));
         // A second snapshot built on `before` must be refused by the server.
-        let stale = autocdc::snapshot::produce(
+        let stale = autocdc::table::row_delta::produce(
             cat.file_io(),
             &before,
-            autocdc::snapshot::RowDelta {
+            autocdc::table::row_delta::RowDelta {
                 data: Vec::new(),
                 deletes: Vec::new(),
                 base_snapshot: before.metadata.current_snapshot_id(),
@@ -82,7 +82,7 @@ fn a_commit_from_a_stale_base_gets_the_servers_conflict() {
 
 async fn open_error(cfg: &RestConfig) -> String {
     let flow = flow_in(&unique("bad"));
-    match autocdc::engine::Engine::open(
+    match autocdc::table::engine::Engine::open(
         flow,
         rest(cfg),
         Arc::new(autocdc::fault::Faults::default()),

@@ -8,11 +8,11 @@ mod common;
 
 use std::sync::Arc;
 
-use autocdc::catalog::Catalog;
-use autocdc::catalog::hadoop::HadoopCatalog;
-use autocdc::catalog::sql::SqlCatalog;
+use autocdc::config::S3Config;
 use autocdc::fault::Faults;
-use autocdc::flow::S3Config;
+use autocdc::table::catalog::Catalog;
+use autocdc::table::catalog::hadoop::HadoopCatalog;
+use autocdc::table::catalog::sql::SqlCatalog;
 use common::*;
 
 fn hadoop_s3(warehouse: &str, s3: &S3Config) -> Arc<dyn Catalog> {
@@ -120,8 +120,12 @@ fn the_sql_catalog_keeps_its_warehouse_on_s3() {
 
 async fn open_error(warehouse: &str, s3: &S3Config) -> String {
     let flow = customers();
-    match autocdc::engine::Engine::open(flow, hadoop_s3(warehouse, s3), Arc::new(Faults::default()))
-        .await
+    match autocdc::table::engine::Engine::open(
+        flow,
+        hadoop_s3(warehouse, s3),
+        Arc::new(Faults::default()),
+    )
+    .await
     {
         Ok(_) => panic!("{warehouse} opened with a bad configuration"),
         Err(e) => e.to_string(),

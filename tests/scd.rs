@@ -7,11 +7,11 @@ mod common;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use autocdc::catalog::Catalog;
-use autocdc::catalog::hadoop::HadoopCatalog;
-use autocdc::engine::Engine;
+use autocdc::core::flow::Flow;
 use autocdc::fault::Faults;
-use autocdc::flow::Flow;
+use autocdc::table::catalog::Catalog;
+use autocdc::table::catalog::hadoop::HadoopCatalog;
+use autocdc::table::engine::Engine;
 use common::scd::*;
 use common::*;
 
@@ -419,7 +419,7 @@ fn ignore_null_updates_replaces_rows_it_did_not_write() {
         },
         "crm.shared",
     );
-    let mut cfg: autocdc::flow::FlowConfig =
+    let mut cfg: autocdc::core::flow::FlowConfig =
         toml::from_str(&people_toml(IGNORE_NULLS_SCD1, "crm.shared")).unwrap();
     cfg.name = "partial_writer".into();
     let partial = Flow::new(cfg).unwrap();

@@ -8,9 +8,10 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
+use autocdc::config::TokenConfig;
+use autocdc::core::flow::FlowConfig;
 use autocdc::fault::Faults;
-use autocdc::flow::{FlowConfig, TokenConfig};
-use autocdc::server;
+use autocdc::service::http;
 use common::http::*;
 use common::*;
 use serde_json::{Value, json};
@@ -615,7 +616,7 @@ fn a_tie_found_at_commit_rejects_only_the_later_batch() {
     let tmp = tempfile::tempdir().unwrap();
     rt().block_on(async {
         let mut f = flow_cfg("c", "1h");
-        f.on_sequence_tie = autocdc::flow::TiePolicy::Error;
+        f.on_sequence_tie = autocdc::core::flow::TiePolicy::Error;
         let r = start(config(tmp.path(), vec![f])).await;
         let c = reqwest::Client::new();
         let changes = url(&r, "/v1/flows/c/changes");
@@ -659,7 +660,7 @@ fn failing_commits_are_retried_and_readyz_says_degraded() {
         for nth in 0..3 {
             faults.arm(FaultPoint::AfterStateCommit, nth);
         }
-        let r = server::start(config(tmp.path(), vec![flow_cfg("c", "20ms")]), faults)
+        let r = http::start(config(tmp.path(), vec![flow_cfg("c", "20ms")]), faults)
             .await
             .unwrap();
         let c = reqwest::Client::new();
@@ -731,7 +732,7 @@ fn push_sends_files_once() {
         let r = start(config(tmp.path(), vec![flow_cfg("c", "1h")])).await;
         let file = tmp.path().join("changes.ndjson");
         std::fs::write(&file, ndjson(&CUSTOMERS_EVENTS)).unwrap();
-        let args = autocdc::push::PushArgs {
+        let args = autocdc::tools::push::PushArgs {
             url: format!("http://{}", r.addr),
             flow: "c".into(),
             files: vec![file],
@@ -740,16 +741,16 @@ fn push_sends_files_once() {
             wait_commit: true,
             max_attempts: 3,
         };
-        assert_eq!(autocdc::push::push(&args).await.unwrap(), (3, 6));
+        assert_eq!(autocdc::tools::push::push(&args).await.unwrap(), (3, 6));
         assert_eq!(table(tmp.path(), "c").await, expected(&CUSTOMERS_EVENTS));
-        autocdc::push::push(&args).await.unwrap();
+        autocdc::tools::push::push(&args).await.unwrap();
         let c = reqwest::Client::new();
         let st = flow_status(&c, &r, "c").await;
         assert_eq!(st["status"]["accepted_batches"], 3, "{st}");
         // A flow that does not exist is a clear error, not a retry loop.
         let mut bad = args;
         bad.flow = "nope".into();
-        let e = autocdc::push::push(&bad).await.unwrap_err();
+        let e = autocdc::tools::push::push(&bad).await.unwrap_err();
         assert!(e.to_string().contains("404"), "{e}");
         r.stop().await.unwrap();
     });

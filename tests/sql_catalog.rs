@@ -7,10 +7,10 @@ mod common;
 
 use std::sync::Arc;
 
-use autocdc::catalog::Catalog;
-use autocdc::catalog::sql::SqlCatalog;
-use autocdc::engine::Engine;
 use autocdc::fault::Faults;
+use autocdc::table::catalog::Catalog;
+use autocdc::table::catalog::sql::SqlCatalog;
+use autocdc::table::engine::Engine;
 use common::*;
 
 fn postgres_url() -> String {

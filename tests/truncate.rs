@@ -8,10 +8,10 @@ mod common;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use autocdc::catalog::Catalog;
-use autocdc::catalog::hadoop::HadoopCatalog;
+use autocdc::core::flow::Flow;
 use autocdc::fault::Faults;
-use autocdc::flow::Flow;
+use autocdc::table::catalog::Catalog;
+use autocdc::table::catalog::hadoop::HadoopCatalog;
 use common::*;
 
 fn catalog(dir: &std::path::Path) -> Arc<dyn Catalog> {

@@ -4,11 +4,12 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use autocdc::catalog::Catalog;
-use autocdc::catalog::hadoop::HadoopCatalog;
+use autocdc::config::{CatalogConfig, Config, ServerConfig};
+use autocdc::core::flow::FlowConfig;
 use autocdc::fault::Faults;
-use autocdc::flow::{CatalogConfig, Config, FlowConfig, ServerConfig};
-use autocdc::server::{self, Running};
+use autocdc::service::http::{self, Running};
+use autocdc::table::catalog::Catalog;
+use autocdc::table::catalog::hadoop::HadoopCatalog;
 use serde_json::{Value, json};
 
 use super::*;
@@ -37,9 +38,7 @@ pub fn config(dir: &Path, flows: Vec<FlowConfig>) -> Config {
 }
 
 pub async fn start(cfg: Config) -> Running {
-    server::start(cfg, Arc::new(Faults::default()))
-        .await
-        .unwrap()
+    http::start(cfg, Arc::new(Faults::default())).await.unwrap()
 }
 
 pub fn url(r: &Running, path: &str) -> String {
@@ -99,12 +98,12 @@ pub async fn commit(client: &reqwest::Client, r: &Running, flow: &str) -> Value 
 pub async fn table(dir: &Path, flow: &str) -> BTreeSet<Vec<String>> {
     let faults = Arc::new(Faults::default());
     let cat = HadoopCatalog::new(dir.join("wh").to_str().unwrap(), None, faults).unwrap();
-    let ident = autocdc::flow::parse_table_ident(flow, &format!("crm.{flow}")).unwrap();
+    let ident = autocdc::core::flow::parse_table_ident(flow, &format!("crm.{flow}")).unwrap();
     let Some(t) = cat.load_table(&ident).await.unwrap() else {
         return BTreeSet::new();
     };
     let mut out = BTreeSet::new();
-    for b in autocdc::engine::scan(&cat, &t).await.unwrap() {
+    for b in autocdc::table::engine::scan(&cat, &t).await.unwrap() {
         for r in render_all(&b) {
             assert!(out.insert(r.clone()), "row {r:?} read twice");
         }
@@ -118,7 +117,7 @@ pub fn expected(evs: &[Ev]) -> BTreeSet<Vec<String>> {
 }
 
 pub fn arrow_body(evs: &[Ev]) -> Vec<u8> {
-    autocdc::input::encode_arrow_ipc(&batch(&customers(), evs)).unwrap()
+    autocdc::service::input::encode_arrow_ipc(&batch(&customers(), evs)).unwrap()
 }
 
 pub const CUSTOMERS_EVENTS: [Ev; 6] = [

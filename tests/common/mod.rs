@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
-use autocdc::flow::{Flow, FlowConfig};
-use autocdc::resolve::{self, BatchStats, Codec};
-use autocdc::state::{KeyIndex, Loc};
-use autocdc::state_table;
+use autocdc::core::flow::{Flow, FlowConfig};
+use autocdc::core::resolve::{self, BatchStats, Codec};
+use autocdc::core::state::{KeyIndex, Loc};
+use autocdc::table::state_table;
 
 pub mod http;
 pub mod scd;
@@ -417,10 +417,10 @@ pub fn rt() -> tokio::runtime::Runtime {
 }
 
 pub async fn open_engine(
-    cat: &Arc<dyn autocdc::catalog::Catalog>,
+    cat: &Arc<dyn autocdc::table::catalog::Catalog>,
     flow: &Flow,
-) -> autocdc::engine::Engine {
-    autocdc::engine::Engine::open(
+) -> autocdc::table::engine::Engine {
+    autocdc::table::engine::Engine::open(
         flow.clone(),
         cat.clone(),
         Arc::new(autocdc::fault::Faults::default()),
@@ -430,7 +430,7 @@ pub async fn open_engine(
 }
 
 /// Every row of the target, each exactly once.
-pub async fn table_rows(engine: &autocdc::engine::Engine) -> BTreeSet<Vec<String>> {
+pub async fn table_rows(engine: &autocdc::table::engine::Engine) -> BTreeSet<Vec<String>> {
     let mut out = BTreeSet::new();
     for b in engine.scan_target().await.unwrap() {
         for r in render_all(&b) {
@@ -452,8 +452,8 @@ pub fn backend_env(var: &str) -> String {
 }
 
 /// The S3 store `integration/backends.sh up weed` started.
-pub fn s3_config() -> autocdc::flow::S3Config {
-    autocdc::flow::S3Config {
+pub fn s3_config() -> autocdc::config::S3Config {
+    autocdc::config::S3Config {
         endpoint: Some(backend_env("AUTOCDC_TEST_S3_ENDPOINT")),
         region: Some(backend_env("AUTOCDC_TEST_S3_REGION")),
         path_style: None,
@@ -486,8 +486,8 @@ pub fn cut_batches(flow: &Flow, evs: &[Ev], cuts: &[bool]) -> Vec<RecordBatch> {
 
 /// The REST catalog `integration/backends.sh up weed` started, with OAuth2
 /// client credentials and its S3 store for the table files.
-pub fn rest_config() -> autocdc::flow::RestConfig {
-    let mut cfg: autocdc::flow::RestConfig = toml::from_str(&format!(
+pub fn rest_config() -> autocdc::config::RestConfig {
+    let mut cfg: autocdc::config::RestConfig = toml::from_str(&format!(
         "uri = \"{}\"\nwarehouse = \"{}\"\ncredential = \"{}:{}\"",
         backend_env("AUTOCDC_TEST_REST_URI"),
         backend_env("AUTOCDC_TEST_REST_WAREHOUSE"),
@@ -512,7 +512,7 @@ pub fn flow_in(ns: &str) -> Flow {
 /// `case` makes each case's flow and its catalog opener.
 pub fn random_batchings_match_the_oracle<C>(cases: u32, case: impl Fn() -> (Flow, C))
 where
-    C: Fn() -> Arc<dyn autocdc::catalog::Catalog>,
+    C: Fn() -> Arc<dyn autocdc::table::catalog::Catalog>,
 {
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};

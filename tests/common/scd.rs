@@ -9,11 +9,11 @@ use std::sync::Arc;
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
-use autocdc::flow::Flow;
-use autocdc::history::{self, HistCodec, History};
-use autocdc::resolve::{BatchStats, Codec};
-use autocdc::state::Loc;
-use autocdc::state_table;
+use autocdc::core::flow::Flow;
+use autocdc::core::history::{self, HistCodec, History};
+use autocdc::core::resolve::{BatchStats, Codec};
+use autocdc::core::state::Loc;
+use autocdc::table::state_table;
 
 use super::render_all;
 

@@ -32,10 +32,10 @@ use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 
-use crate::flow::Flow;
-use crate::history::{Event, HistCodec, History};
-use crate::resolve::Codec;
-use crate::state::{EntryRef, KeyIndex, Loc, Value, hash_key};
+use crate::core::flow::Flow;
+use crate::core::history::{Event, HistCodec, History};
+use crate::core::resolve::Codec;
+use crate::core::state::{EntryRef, KeyIndex, Loc, Value, hash_key};
 
 pub const COL_FINGERPRINT: &str = "__autocdc_fingerprint";
 pub const COL_DELETED_AT: &str = "__autocdc_deleted_at_ms";
@@ -61,7 +61,7 @@ pub fn schema(flow: &Flow) -> Result<Schema> {
     };
     let src = |i: usize| -> Result<Type> {
         let name = flow.column_name(i);
-        if flow.from_snapshot && name == crate::flow::SNAPSHOT_VERSION {
+        if flow.from_snapshot && name == crate::core::flow::SNAPSHOT_VERSION {
             return Ok(Type::Primitive(PrimitiveType::Long));
         }
         let c = flow
@@ -72,7 +72,7 @@ pub fn schema(flow: &Flow) -> Result<Schema> {
             .ok_or_else(|| {
                 Error::Config(format!("column {name} missing from flow {}", flow.name))
             })?;
-        let t = crate::flow::parse_type(&c.ty)
+        let t = crate::core::flow::parse_type(&c.ty)
             .ok_or_else(|| Error::Config(format!("bad type for {name}")))?;
         Ok(Type::Primitive(t))
     };

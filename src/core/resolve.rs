@@ -18,9 +18,9 @@ use hashbrown::HashTable;
 use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::core::flow::{Flow, TiePolicy};
+use crate::core::state::{KeyIndex, Loc, Value, eq_bytes, hash_key};
 use crate::error::{Error, Result, codes};
-use crate::flow::{Flow, TiePolicy};
-use crate::state::{KeyIndex, Loc, Value, eq_bytes, hash_key};
 
 /// Row encoders for one flow: keys, sequences and whole changes.
 #[derive(Debug)]
@@ -321,7 +321,7 @@ pub(crate) fn tie_error(flow: &Flow, row: usize) -> Error {
 /// Evaluates `apply_as_deletes` / `apply_as_truncates` over a batch.
 pub(crate) fn mask(
     flow: &Flow,
-    predicate: Option<&crate::predicate::Predicate>,
+    predicate: Option<&crate::core::predicate::Predicate>,
     batch: &RecordBatch,
 ) -> Result<Option<arrow_array::BooleanArray>> {
     predicate

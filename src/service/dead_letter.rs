@@ -89,7 +89,7 @@ impl DeadLetters {
         let (record, bytes, rows) = match contents {
             Contents::Rows(b) => (
                 format!("{offset:020}.arrows"),
-                crate::input::encode_arrow_ipc(b)?,
+                crate::service::input::encode_arrow_ipc(b)?,
                 b.num_rows(),
             ),
             Contents::Raw(b) => (format!("{offset:020}.bin"), b.to_vec(), 0),

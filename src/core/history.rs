@@ -25,10 +25,10 @@ use arrow_schema::{DataType, SchemaRef};
 use arrow_select::take::take;
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::core::flow::{END_AT, Flow, START_AT, TiePolicy};
+use crate::core::resolve::{BatchStats, Codec, mask, required_null, tie_error, validate};
+use crate::core::state::{FileTable, Loc};
 use crate::error::{Error, Result};
-use crate::flow::{END_AT, Flow, START_AT, TiePolicy};
-use crate::resolve::{BatchStats, Codec, mask, required_null, tie_error, validate};
-use crate::state::{FileTable, Loc};
 
 /// Encoders for single values of the flow's value columns (the target
 /// columns that are not keys), so a value is a byte string that compares,
@@ -437,7 +437,7 @@ pub fn resolve(
     let keys = codec.keys.convert_columns(&cols(&flow.key_idx))?;
     let seqs = codec.seqs.convert_columns(&cols(&flow.seq_idx))?;
     let mut fps = codec.fingerprints(batch)?;
-    crate::resolve::sentinel_fingerprints(&mut fps, forced_deletes);
+    crate::core::resolve::sentinel_fingerprints(&mut fps, forced_deletes);
     let vals = hc.encode(batch)?;
     let is_delete = mask(flow, flow.deletes.as_ref(), batch)?;
     let deleted = |i: usize| {
@@ -481,8 +481,10 @@ pub fn resolve(
                 loc: None,
             };
             if let Some(e) = events.get(at).filter(|e| &*e.seq == seq) {
-                let (old_fp, truncated) =
-                    (e.fp, e.fp == crate::resolve::TRUNCATED_FP && e.is_delete());
+                let (old_fp, truncated) = (
+                    e.fp,
+                    e.fp == crate::core::resolve::TRUNCATED_FP && e.is_delete(),
+                );
                 if truncated {
                     // A truncate's delete loses to any change at its sequence.
                 } else if old_fp == fp {

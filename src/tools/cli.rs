@@ -13,14 +13,15 @@ use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::catalog::{self, Catalog};
-use crate::engine::{self, Engine};
+use crate::config::{CatalogConfig, Config};
+use crate::core::flow::{Flow, parse_table_ident};
+use crate::core::resolve::BatchStats;
 use crate::error::{Error, Result};
 use crate::fault::Faults;
-use crate::flow::{CatalogConfig, Config, Flow, parse_table_ident};
-use crate::ghost_kitchen::{self as gk, GhostKitchen};
-use crate::input;
-use crate::resolve::BatchStats;
+use crate::service::input;
+use crate::table::catalog::{self, Catalog};
+use crate::table::engine::{self, Engine};
+use crate::tools::generate::{self as gk, GhostKitchen};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -97,13 +98,13 @@ pub enum Command {
         flow: String,
     },
     /// Measure end-to-end apply throughput (see README, "Benchmark").
-    Bench(crate::bench::BenchArgs),
+    Bench(crate::tools::bench::BenchArgs),
     /// Load-test `autocdc serve` (in this process) over HTTP with NDJSON and Arrow IPC.
-    BenchServe(crate::loadgen::LoadArgs),
+    BenchServe(crate::tools::loadgen::LoadArgs),
     /// Run `autocdc serve` in a child process under a steady load for a while;
     /// sample commit rate, latency, memory, fds, log, metadata, files and scan
     /// time, and judge each figure flat or growing (see README, "Soak").
-    Soak(crate::soak::SoakArgs),
+    Soak(crate::tools::soak::SoakArgs),
     /// Run the HTTP service: producers push change batches, autocdc commits them on a schedule.
     Serve {
         /// Without one (and with no ./autocdc.toml) it serves on 127.0.0.1:8080 into ./warehouse.
@@ -310,9 +311,9 @@ pub async fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Bench(args) => crate::bench::run(args).await,
-        Command::BenchServe(args) => crate::loadgen::run(args).await,
-        Command::Soak(args) => crate::soak::run(args).await,
+        Command::Bench(args) => crate::tools::bench::run(args).await,
+        Command::BenchServe(args) => crate::tools::loadgen::run(args).await,
+        Command::Soak(args) => crate::tools::soak::run(args).await,
         Command::Serve { config, listen } => {
             let mut cfg = match config {
                 Some(p) => load_config(&p)?,
@@ -324,7 +325,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             if let Some(l) = listen {
                 cfg.server.listen = l;
             }
-            crate::server::serve(cfg, Arc::new(Faults::default())).await
+            crate::service::http::serve(cfg, Arc::new(Faults::default())).await
         }
         Command::Push {
             url,
@@ -335,7 +336,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             max_attempts,
             files,
         } => {
-            let args = crate::push::PushArgs {
+            let args = crate::tools::push::PushArgs {
                 url,
                 flow,
                 files,
@@ -344,7 +345,7 @@ pub async fn run(cli: Cli) -> Result<()> {
                 wait_commit,
                 max_attempts,
             };
-            let (batches, rows) = crate::push::push(&args).await?;
+            let (batches, rows) = crate::tools::push::push(&args).await?;
             println!(
                 "pushed {rows} rows in {batches} batches to flow `{}`",
                 args.flow

@@ -19,9 +19,9 @@ use arrow_row::Rows;
 use arrow_select::concat::concat;
 use arrow_select::take::take;
 
+use crate::core::flow::Flow;
+use crate::core::resolve::{Codec, mask};
 use crate::error::Result;
-use crate::flow::Flow;
-use crate::resolve::{Codec, mask};
 
 /// A batch rewritten for truncates.
 #[derive(Debug)]

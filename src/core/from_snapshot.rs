@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, BooleanArray, Int64Array, RecordBatch};
 
+use crate::core::flow::Flow;
+use crate::core::resolve::{Codec, validate};
 use crate::error::{Error, Result};
-use crate::flow::Flow;
-use crate::resolve::{Codec, validate};
 
 pub const DUPLICATE_KEY: &str = "AUTOCDC_SNAPSHOT_DUPLICATE_KEY";
 
@@ -138,7 +138,7 @@ pub fn diff<'a>(
     let version_row = codec
         .seqs
         .convert_columns(&[Arc::new(Int64Array::from(vec![version])) as ArrayRef])?;
-    let (batch, origin, forced_deletes) = crate::truncate::keep_and_delete(
+    let (batch, origin, forced_deletes) = crate::core::truncate::keep_and_delete(
         flow,
         codec,
         &snapshot,

@@ -13,10 +13,10 @@ use iceberg::spec::{Schema, TableMetadata, UnboundPartitionSpec};
 use iceberg::{TableIdent, TableRequirement, TableUpdate};
 
 use super::{Catalog, TableState};
+use crate::config::S3Config;
 use crate::error::{Error, Result};
 use crate::fault::{FaultPoint, Faults};
-use crate::flow::S3Config;
-use crate::storage::Storage;
+use crate::table::storage::Storage;
 
 #[derive(Debug)]
 pub struct HadoopCatalog {

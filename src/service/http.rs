@@ -15,10 +15,10 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::core::flow::FlowConfig;
 use crate::error::{Error, codes};
-use crate::flow::FlowConfig;
-use crate::input;
-use crate::service::{COMMIT_BUCKETS, Service};
+use crate::service::Service;
+use crate::service::input;
 
 pub const NDJSON: &str = "application/x-ndjson";
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
@@ -31,7 +31,7 @@ impl From<Error> for ApiError {
         let status = match &e {
             Error::Batch { code, .. }
                 if *code == codes::NULL_KEY
-                    || *code == crate::from_snapshot::DUPLICATE_KEY
+                    || *code == crate::core::from_snapshot::DUPLICATE_KEY
                     || *code == codes::NULL_SEQUENCE
                     || *code == codes::SEQUENCE_TIE =>
             {
@@ -45,7 +45,7 @@ impl From<Error> for ApiError {
             Error::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::State { code, .. } if code.contains("DRIFT") => StatusCode::CONFLICT,
-            Error::State { code, .. } if *code == crate::wal::WRITE_FAILED => {
+            Error::State { code, .. } if *code == crate::service::wal::WRITE_FAILED => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -176,7 +176,7 @@ async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
     ),
     components(schemas(
         DeadLetterList,
-        crate::dead_letter::DeadLetter,
+        crate::service::dead_letter::DeadLetter,
         SnapshotResponse,
         ChangesResponse,
         CommitResponse,
@@ -253,7 +253,7 @@ fn authorize<'a>(
     service: &'a Service,
     headers: &HeaderMap,
     flow: Option<&str>,
-) -> ApiResult<Option<&'a crate::flow::TokenConfig>> {
+) -> ApiResult<Option<&'a crate::config::TokenConfig>> {
     let tokens = &service.config.tokens;
     if tokens.is_empty() {
         return Ok(None);
@@ -700,7 +700,7 @@ pub struct DeadLetterList {
     /// Letters kept (at most `server.max_dead_letters`).
     pub count: usize,
     /// The newest first, at most `limit` (default 100, at most 1000).
-    pub dead_letters: Vec<crate::dead_letter::DeadLetter>,
+    pub dead_letters: Vec<crate::service::dead_letter::DeadLetter>,
 }
 
 /// The flow's dead letters: acknowledged records that can never be applied,
@@ -852,112 +852,11 @@ async fn readyz(State(service): State<Arc<Service>>) -> Response {
 /// Prometheus text format: per-flow counters, commit latency histogram, WAL bytes, state keys.
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text", content_type = "text/plain")))]
 async fn metrics(State(service): State<Arc<Service>>) -> Response {
-    use std::fmt::Write;
-    let mut out = String::new();
-    type Metric = (
-        &'static str,
-        &'static str,
-        fn(&crate::service::FlowStatus) -> f64,
-    );
-    let counters: [Metric; 23] = [
-        ("autocdc_rows_in_total", "counter", |s| {
-            s.counters.rows_in as f64
-        }),
-        ("autocdc_upserts_total", "counter", |s| {
-            s.counters.upserts as f64
-        }),
-        ("autocdc_deletes_total", "counter", |s| {
-            s.counters.deletes as f64
-        }),
-        ("autocdc_stale_total", "counter", |s| {
-            s.counters.stale as f64
-        }),
-        ("autocdc_duplicates_total", "counter", |s| {
-            s.counters.duplicates as f64
-        }),
-        ("autocdc_ties_total", "counter", |s| s.counters.ties as f64),
-        ("autocdc_accepted_batches_total", "counter", |s| {
-            s.accepted_batches as f64
-        }),
-        ("autocdc_rejected_batches_total", "counter", |s| {
-            s.rejected_batches as f64
-        }),
-        ("autocdc_commits_total", "counter", |s| s.commits as f64),
-        ("autocdc_pending_rows", "gauge", |s| s.pending_rows as f64),
-        ("autocdc_pending_bytes", "gauge", |s| s.pending_bytes as f64),
-        ("autocdc_wal_bytes", "gauge", |s| s.wal.bytes as f64),
-        ("autocdc_wal_max_bytes", "gauge", |s| s.wal.max_bytes as f64),
-        ("autocdc_wal_segments", "gauge", |s| s.wal.segments as f64),
-        ("autocdc_wal_oldest_record_age_seconds", "gauge", |s| {
-            s.log_oldest_age_ms.unwrap_or(0) as f64 / 1e3
-        }),
-        (
-            "autocdc_wal_early_released_segments_total",
-            "counter",
-            |s| s.wal.early_released_segments as f64,
-        ),
-        ("autocdc_wal_write_failures_total", "counter", |s| {
-            s.wal.write_failures as f64
-        }),
-        ("autocdc_wal_failing", "gauge", |s| {
-            s.wal.failing as u8 as f64
-        }),
-        ("autocdc_dead_letters", "gauge", |s| s.dead_letters as f64),
-        ("autocdc_idempotency_window_seconds", "gauge", |s| {
-            s.idempotency_window_ms as f64 / 1e3
-        }),
-        ("autocdc_commit_latency_recent_p50_ms", "gauge", |s| {
-            s.recent_commit_ms_p50.unwrap_or(0.0)
-        }),
-        ("autocdc_state_keys", "gauge", |s| s.state_keys as f64),
-        ("autocdc_committed_offset", "gauge", |s| {
-            s.committed_offset as f64
-        }),
-    ];
-    let flows = service.flows();
-    let statuses: Vec<_> = flows
-        .iter()
-        .map(|rt| (rt.flow.name.clone(), rt.status()))
-        .collect();
-    for (name, kind, f) in counters {
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (flow, s) in &statuses {
-            let _ = writeln!(out, "{name}{{flow=\"{flow}\"}} {}", f(s));
-        }
-    }
-    let _ = writeln!(out, "# TYPE autocdc_commit_latency_ms histogram");
-    for rt in &flows {
-        let h = *rt.commit_hist.lock().unwrap_or_else(|e| e.into_inner());
-        let mut cum = 0;
-        for (i, ub) in COMMIT_BUCKETS.iter().enumerate() {
-            cum += h[i];
-            let _ = writeln!(
-                out,
-                "autocdc_commit_latency_ms_bucket{{flow=\"{}\",le=\"{ub}\"}} {cum}",
-                rt.flow.name
-            );
-        }
-        cum += h[COMMIT_BUCKETS.len()];
-        let s = rt.status();
-        let _ = writeln!(
-            out,
-            "autocdc_commit_latency_ms_bucket{{flow=\"{0}\",le=\"+Inf\"}} {cum}\nautocdc_commit_latency_ms_sum{{flow=\"{0}\"}} {1}\nautocdc_commit_latency_ms_count{{flow=\"{0}\"}} {cum}",
-            rt.flow.name, s.commit_ms_total
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# TYPE autocdc_ready gauge\nautocdc_ready {}",
-        service.is_ready() as u8
-    );
-    let c = &service.connections;
-    let _ = writeln!(
-        out,
-        "# TYPE autocdc_http_connections gauge\nautocdc_http_connections {}\n# TYPE autocdc_http_connections_refused_total counter\nautocdc_http_connections_refused_total {}",
-        c.open.load(std::sync::atomic::Ordering::Relaxed),
-        c.refused.load(std::sync::atomic::Ordering::Relaxed)
-    );
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        super::metrics::render(&service),
+    )
+        .into_response()
 }
 
 /// A started service: its address, the service and the HTTP task.
@@ -992,10 +891,10 @@ impl Running {
 /// Binds `server.listen`, serves HTTP, and recovers every flow from its log;
 /// returns once the service is ready.
 pub async fn start(
-    config: crate::flow::Config,
+    config: crate::config::Config,
     faults: Arc<crate::fault::Faults>,
 ) -> crate::Result<Running> {
-    let catalog = crate::catalog::open(&config.catalog, faults.clone())?;
+    let catalog = crate::table::catalog::open(&config.catalog, faults.clone())?;
     let flows = config.flows()?;
     let service = Service::new(config.server.clone(), catalog, faults)?;
     let listener = tokio::net::TcpListener::bind(&config.server.listen)
@@ -1135,7 +1034,7 @@ impl Drop for OpenConnection<'_> {
 
 /// `autocdc serve`: runs until SIGTERM or SIGINT, then commits what is pending.
 pub async fn serve(
-    config: crate::flow::Config,
+    config: crate::config::Config,
     faults: Arc<crate::fault::Faults>,
 ) -> crate::Result<()> {
     start(config, faults).await?.until_signal().await

@@ -21,8 +21,9 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
+use crate::config::{CatalogConfig, Config, ServerConfig};
+use crate::core::flow::{FlowConfig, parse_table_ident};
 use crate::error::{Error, Result};
-use crate::flow::{CatalogConfig, Config, FlowConfig, ServerConfig, parse_table_ident};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SoakArgs {
@@ -148,8 +149,8 @@ pub async fn run(a: SoakArgs) -> Result<()> {
     let names: Vec<String> = (0..a.flows).map(|i| format!("soak_{i}")).collect();
     let mut flows = Vec::new();
     for name in &names {
-        let mut cfg: FlowConfig =
-            toml::from_str(crate::loadgen::FLOW).map_err(|e| Error::Config(e.to_string()))?;
+        let mut cfg: FlowConfig = toml::from_str(crate::tools::loadgen::FLOW)
+            .map_err(|e| Error::Config(e.to_string()))?;
         cfg.name = name.clone();
         cfg.target = format!("soak.{name}");
         cfg.commit_interval = Some(a.commit_interval.clone());
@@ -242,7 +243,7 @@ pub async fn run(a: SoakArgs) -> Result<()> {
         }));
     }
 
-    let catalog = crate::catalog::open(&catalog, Arc::new(crate::fault::Faults::default()))?;
+    let catalog = crate::table::catalog::open(&catalog, Arc::new(crate::fault::Faults::default()))?;
     let started = Instant::now();
     let mut samples: Vec<Sample> = Vec::new();
     let mut last_commits = 0u64;
@@ -495,7 +496,7 @@ async fn sample(
     base: &str,
     names: &[String],
     pid: u32,
-    catalog: &Arc<dyn crate::catalog::Catalog>,
+    catalog: &Arc<dyn crate::table::catalog::Catalog>,
     warehouse: Option<&Path>,
     scan: bool,
 ) -> Result<Sample> {
@@ -542,7 +543,7 @@ async fn sample(
             }
             let t0 = Instant::now();
             let limited =
-                tokio::time::timeout(SCAN_LIMIT, crate::engine::scan(catalog.as_ref(), &t));
+                tokio::time::timeout(SCAN_LIMIT, crate::table::engine::scan(catalog.as_ref(), &t));
             match scan {
                 false => s.scan_ms = f64::NAN,
                 true => match limited.await {
@@ -568,7 +569,7 @@ async fn sample(
         .map(|d| d.count() as f64)
         .unwrap_or(0.0);
     s.warehouse_mib = warehouse
-        .map(|w| crate::bench::dir_bytes(w) as f64 / (1 << 20) as f64)
+        .map(|w| crate::tools::bench::dir_bytes(w) as f64 / (1 << 20) as f64)
         .unwrap_or(f64::NAN);
     Ok(s)
 }
@@ -627,7 +628,7 @@ fn slope(xs: &[f64], ys: &[f64]) -> f64 {
 
 /// The table's live (id, seq) pairs equal the oracle's.
 async fn check_table(
-    catalog: &Arc<dyn crate::catalog::Catalog>,
+    catalog: &Arc<dyn crate::table::catalog::Catalog>,
     name: &str,
     oracle: &Oracle,
 ) -> Result<usize> {
@@ -637,7 +638,7 @@ async fn check_table(
         .await?
         .ok_or_else(|| Error::Unavailable(format!("soak.{name} does not exist")))?;
     let mut rows: HashMap<i64, i64> = HashMap::new();
-    for b in crate::engine::scan(catalog.as_ref(), &t).await? {
+    for b in crate::table::engine::scan(catalog.as_ref(), &t).await? {
         let id = b
             .column_by_name("id")
             .ok_or_else(|| Error::Unavailable("no id column".into()))?

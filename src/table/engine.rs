@@ -24,20 +24,20 @@ use iceberg::spec::{
 };
 use serde::Serialize;
 
-use crate::catalog::{Catalog, TableState};
+use crate::core::flow::{Flow, START_AT};
+use crate::core::from_snapshot;
+use crate::core::history::{self, HistCodec, History};
+use crate::core::offsets::{self, LogRef, Offsets, PROP_INPUT_OFFSETS};
+use crate::core::resolve::{self, BatchStats, Codec, Resolution};
+use crate::core::state::FileTable;
+use crate::core::state::{KeyIndex, Loc};
+use crate::core::truncate;
 use crate::error::{Error, Result, codes};
 use crate::fault::{FaultPoint, Faults};
-use crate::flow::{Flow, START_AT};
-use crate::from_snapshot;
-use crate::history::{self, HistCodec, History};
-use crate::offsets::{self, LogRef, Offsets, PROP_INPUT_OFFSETS};
-use crate::resolve::{self, BatchStats, Codec, Resolution};
-use crate::snapshot::{self, RowDelta};
-use crate::state::FileTable;
-use crate::state::{KeyIndex, Loc};
-use crate::state_table;
-use crate::truncate;
-use crate::write::{self, FileNamer, Partitioner};
+use crate::table::catalog::{Catalog, TableState};
+use crate::table::row_delta::{self, RowDelta};
+use crate::table::state_table;
+use crate::table::write::{self, FileNamer, Partitioner};
 
 pub const PROP_FLOW: &str = "autocdc.flow";
 pub const PROP_STATE_SNAPSHOT: &str = "autocdc.state-snapshot-id";
@@ -583,7 +583,7 @@ impl Engine {
             None => self
                 .state
                 .iter()
-                .filter(|e| matches!(e.value, crate::state::Value::Live(_)))
+                .filter(|e| matches!(e.value, crate::core::state::Value::Live(_)))
                 .map(|e| (e.key, e.seq, e.fingerprint))
                 .collect(),
         }
@@ -1034,7 +1034,7 @@ impl Engine {
         .await?;
         self.faults.hit(FaultPoint::AfterStateFile)?;
         report.timings.state_file_ms = ms_since(&mut clock);
-        let produced = snapshot::produce(
+        let produced = row_delta::produce(
             &file_io,
             &self.state_tbl,
             RowDelta {
@@ -1084,7 +1084,7 @@ impl Engine {
             .chain(&deletes)
             .map(|f| f.file_size_in_bytes())
             .sum();
-        let produced = snapshot::produce(
+        let produced = row_delta::produce(
             &file_io,
             &self.target,
             RowDelta {

@@ -20,8 +20,8 @@ use iceberg::spec::{
 use iceberg::table::Table;
 use iceberg::{TableIdent, TableRequirement, TableUpdate};
 
+use crate::config::CatalogConfig;
 use crate::error::{Error, Result};
-use crate::flow::CatalogConfig;
 
 /// One loaded version of a table.
 #[derive(Debug, Clone)]
@@ -133,7 +133,7 @@ pub(crate) fn apply_updates(
 
 /// The version of `ident` whose metadata file is `file` (the one the catalog names).
 pub(crate) async fn read_metadata(
-    storage: &crate::storage::Storage,
+    storage: &crate::table::storage::Storage,
     ident: &TableIdent,
     file: String,
 ) -> Result<TableState> {

@@ -13,8 +13,8 @@ use iceberg::spec::{
 use iceberg::{TableRequirement, TableUpdate};
 use uuid::Uuid;
 
-use crate::catalog::TableState;
 use crate::error::Result;
+use crate::table::catalog::TableState;
 
 pub struct Produced {
     pub snapshot_id: i64,

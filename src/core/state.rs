@@ -4,7 +4,7 @@
 //! tombstone's commit time.
 //!
 //! In memory it is a compact open-addressing index over an arena of
-//! row-encoded keys: about 60 bytes per key for one `long` key (see
+//! row-encoded keys: about 47 bytes per key for one `long` key (see
 //! `KeyIndex::bytes_per_key` and the benchmark). On disk it is the aux
 //! Iceberg table `<table>__autocdc_state` (see `state_table`).
 //!

@@ -10,8 +10,8 @@ use arrow_array::{ArrayRef, RecordBatch, new_null_array};
 use arrow_schema::SchemaRef;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
+use crate::core::flow::Flow;
 use crate::error::{Error, Result, codes};
-use crate::flow::Flow;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -142,13 +142,15 @@ fn conform_at(flow: &Flow, batch: &RecordBatch, first_row: usize) -> Result<Reco
         .map(|f| -> Result<ArrayRef> {
             match batch.column_by_name(f.name()) {
                 None => Ok(new_null_array(f.data_type(), batch.num_rows())),
-                Some(c) => crate::convert::column(c, f.data_type()).map_err(|r| Error::Batch {
-                    code: codes::BAD_COLUMN,
-                    flow: flow.name.clone(),
-                    row: first_row + r.row,
-                    column: f.name().clone(),
-                    message: r.message,
-                }),
+                Some(c) => {
+                    crate::core::convert::column(c, f.data_type()).map_err(|r| Error::Batch {
+                        code: codes::BAD_COLUMN,
+                        flow: flow.name.clone(),
+                        row: first_row + r.row,
+                        column: f.name().clone(),
+                        message: r.message,
+                    })
+                }
             }
         })
         .collect::<Result<Vec<_>>>()?;
@@ -164,7 +166,7 @@ fn json_schema(flow: &Flow) -> SchemaRef {
             .fields()
             .iter()
             .map(|f| {
-                if crate::convert::is_textual_target(f.data_type()) {
+                if crate::core::convert::is_textual_target(f.data_type()) {
                     arrow_schema::Field::new(f.name(), arrow_schema::DataType::Utf8, true)
                 } else {
                     f.as_ref().clone()

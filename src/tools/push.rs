@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::core::flow::{Flow, FlowConfig};
 use crate::error::{Error, Result};
-use crate::flow::{Flow, FlowConfig};
-use crate::input;
+use crate::service::input;
 
 pub struct PushArgs {
     pub url: String,
@@ -85,7 +85,7 @@ async fn send(
         attempt += 1;
         let mut req = client
             .post(url)
-            .header("content-type", crate::server::ARROW_STREAM)
+            .header("content-type", crate::service::http::ARROW_STREAM)
             .header("idempotency-key", key)
             .body(body.clone());
         if let Some(t) = token {

@@ -13,13 +13,13 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::catalog::{Catalog, hadoop::HadoopCatalog};
-use crate::cli::now_ms;
-use crate::engine::Engine;
+use crate::core::flow::{Flow, FlowConfig};
 use crate::error::{Error, Result};
 use crate::fault::Faults;
-use crate::flow::{Flow, FlowConfig};
-use crate::input;
+use crate::service::input;
+use crate::table::catalog::{Catalog, hadoop::HadoopCatalog};
+use crate::table::engine::Engine;
+use crate::tools::cli::now_ms;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -303,7 +303,7 @@ async fn main_run(
     let mut engine =
         Engine::open(flow.clone(), catalog.clone(), Arc::new(Faults::default())).await?;
     let mut latencies = Vec::new();
-    let mut phases = crate::engine::Timings::default();
+    let mut phases = crate::table::engine::Timings::default();
     let mut read_ms = 0.0;
     let (mut data_files, mut delete_files, mut bytes) = (0, 0, 0);
     let started = Instant::now();

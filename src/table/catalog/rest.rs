@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{Catalog, TableState};
+use crate::config::{RestConfig, S3Config};
 use crate::error::{Error, Result};
-use crate::flow::{RestConfig, S3Config};
 
 #[derive(Debug)]
 pub struct RestCatalog {
@@ -363,7 +363,7 @@ impl RestCatalog {
 fn file_io_for(s3: Option<&S3Config>, server: HashMap<String, String>) -> FileIO {
     let mut props = server;
     if let Some(cfg) = s3 {
-        props.extend(crate::storage::s3_props(cfg));
+        props.extend(crate::table::storage::s3_props(cfg));
     }
     FileIOBuilder::new(Arc::new(
         iceberg_storage_opendal::OpenDalResolvingStorageFactory::new(),

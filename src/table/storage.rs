@@ -15,8 +15,8 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
+use crate::config::S3Config;
 use crate::error::{Error, Result};
-use crate::flow::S3Config;
 
 #[derive(Debug, Clone)]
 pub struct Storage {

@@ -13,10 +13,11 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
+use crate::config::{CatalogConfig, Config, ServerConfig};
+use crate::core::flow::{Flow, FlowConfig};
 use crate::error::{Error, Result};
 use crate::fault::Faults;
-use crate::flow::{CatalogConfig, Config, Flow, FlowConfig, ServerConfig};
-use crate::input;
+use crate::service::input;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LoadArgs {
@@ -135,7 +136,7 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         },
         flows,
     };
-    let running = crate::server::start(config, Arc::new(Faults::default())).await?;
+    let running = crate::service::http::start(config, Arc::new(Faults::default())).await?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(a.connections)
         .build()
@@ -165,9 +166,9 @@ pub async fn run(a: LoadArgs) -> Result<()> {
             .collect::<Result<_>>()?;
         let bodies = Arc::new(bodies);
         let ctype = if *f == "ndjson" {
-            crate::server::NDJSON
+            crate::service::http::NDJSON
         } else {
-            crate::server::ARROW_STREAM
+            crate::service::http::ARROW_STREAM
         };
         let url = format!("http://{}/v1/flows/{name}/changes", running.addr);
         let next = Arc::new(AtomicUsize::new(0));
@@ -241,7 +242,7 @@ pub async fn run(a: LoadArgs) -> Result<()> {
             throttled.load(Ordering::Relaxed)
         );
     }
-    if let Some(rss) = crate::bench::peak_rss_bytes() {
+    if let Some(rss) = crate::tools::bench::peak_rss_bytes() {
         println!(
             "peak RSS (server and client in one process): {} MiB",
             rss >> 20

@@ -1,0 +1,352 @@
+//! Process settings: the configuration file (`autocdc.toml`) with its
+//! `[server]` (listen address, data directory, tokens, request limits) and
+//! `[catalog]` (Hadoop, SQL or REST, and S3 storage) tables, and the list of
+//! flow definitions, which `core::flow` validates.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::flow::{Flow, FlowConfig, parse_duration};
+use crate::error::{Error, Result, codes};
+
+/// The whole configuration file (`autocdc.toml`).
+#[derive(Debug, Clone, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub catalog: CatalogConfig,
+    #[serde(default, rename = "flow")]
+    pub flows: Vec<FlowConfig>,
+}
+
+/// `[server]`: used by `autocdc serve` only.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// The write-ahead logs and the flows created over HTTP live here.
+    #[serde(default = "default_data_dir")]
+    pub data_dir: String,
+    /// Bearer tokens; none means no authentication.
+    #[serde(default)]
+    pub tokens: Vec<TokenConfig>,
+    #[serde(default = "default_max_body")]
+    pub max_body_bytes: usize,
+    /// Rows in one pushed body.
+    #[serde(default = "default_max_rows")]
+    pub max_rows_per_request: usize,
+    /// A client must send a request's head within this long, and an idle
+    /// keep-alive connection is closed after it.
+    #[serde(default = "default_header_read_timeout")]
+    pub header_read_timeout: String,
+    /// Open client connections at most; past it a new connection is closed
+    /// at once. Keep it below the process's open-file limit.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// At shutdown, how long requests in flight may take before their
+    /// connections are closed; what was acknowledged is committed after.
+    #[serde(default = "default_shutdown_grace")]
+    pub shutdown_grace: String,
+    /// Records kept per flow in its dead-letter area; the oldest go first.
+    #[serde(default = "default_max_dead_letters")]
+    pub max_dead_letters: usize,
+    #[serde(default = "default_request_timeout")]
+    pub request_timeout: String,
+    /// How long an idempotency key is remembered after its batch was committed.
+    #[serde(default = "default_idempotency_window")]
+    pub idempotency_window: String,
+    /// The target records each ingest log's committed offset; the entry of
+    /// a log that has not committed for this long is dropped (its log is
+    /// gone, e.g. an instance retired after a rolling deploy).
+    #[serde(default = "default_log_offsets_retention")]
+    pub log_offsets_retention: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    pub token: String,
+    /// The flows this token may use; empty means all.
+    #[serde(default)]
+    pub flows: Vec<String>,
+    /// The namespaces (`a` or `a.b`) whose tables this token's `PUT` may
+    /// make a flow's target; empty means any namespace.
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+fn default_data_dir() -> String {
+    "./autocdc-data".into()
+}
+fn default_max_body() -> usize {
+    64 << 20
+}
+fn default_max_rows() -> usize {
+    1_000_000
+}
+fn default_header_read_timeout() -> String {
+    "10s".into()
+}
+fn default_max_connections() -> usize {
+    512
+}
+fn default_max_dead_letters() -> usize {
+    1000
+}
+fn default_shutdown_grace() -> String {
+    "10s".into()
+}
+fn default_request_timeout() -> String {
+    "60s".into()
+}
+fn default_idempotency_window() -> String {
+    "15m".into()
+}
+fn default_log_offsets_retention() -> String {
+    "7d".into()
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: default_listen(),
+            data_dir: default_data_dir(),
+            tokens: Vec::new(),
+            max_body_bytes: default_max_body(),
+            max_rows_per_request: default_max_rows(),
+            header_read_timeout: default_header_read_timeout(),
+            max_connections: default_max_connections(),
+            shutdown_grace: default_shutdown_grace(),
+            max_dead_letters: default_max_dead_letters(),
+            request_timeout: default_request_timeout(),
+            idempotency_window: default_idempotency_window(),
+            log_offsets_retention: default_log_offsets_retention(),
+        }
+    }
+}
+
+impl ServerConfig {
+    pub fn request_timeout(&self) -> Result<Duration> {
+        parse_duration_setting("server.request_timeout", &self.request_timeout)
+    }
+    pub fn header_read_timeout(&self) -> Result<Duration> {
+        parse_duration_setting("server.header_read_timeout", &self.header_read_timeout)
+    }
+    pub fn shutdown_grace(&self) -> Result<Duration> {
+        parse_duration_setting("server.shutdown_grace", &self.shutdown_grace)
+    }
+    pub fn limits(&self) -> crate::service::input::Limits {
+        crate::service::input::Limits {
+            max_rows: self.max_rows_per_request.max(1),
+            max_value_bytes: self.max_body_bytes,
+        }
+    }
+    pub fn idempotency_window(&self) -> Result<Duration> {
+        parse_duration_setting("server.idempotency_window", &self.idempotency_window)
+    }
+    pub fn log_offsets_retention(&self) -> Result<Duration> {
+        parse_duration_setting("server.log_offsets_retention", &self.log_offsets_retention)
+    }
+}
+
+fn parse_duration_setting(name: &str, s: &str) -> Result<Duration> {
+    parse_duration(name, s).map_err(Error::Config)
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum CatalogConfig {
+    /// Iceberg Java's HadoopCatalog layout: `<warehouse>/<ns...>/<table>/metadata/vN.metadata.json`.
+    Hadoop {
+        #[serde(default = "default_warehouse")]
+        warehouse: String,
+        /// For an `s3://` warehouse.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        s3: Option<S3Config>,
+    },
+    /// JDBC-compatible SQL catalog on PostgreSQL (Iceberg Java's JdbcCatalog tables).
+    Sql {
+        /// e.g. `postgres://user:password@host:5432/database`
+        uri: String,
+        /// `catalog_name` in `iceberg_tables`.
+        #[serde(default = "default_catalog_name")]
+        name: String,
+        #[serde(default = "default_warehouse")]
+        warehouse: String,
+        /// For an `s3://` warehouse.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        s3: Option<S3Config>,
+    },
+    /// An Iceberg REST catalog.
+    Rest(RestConfig),
+}
+
+/// `[catalog] type = "rest"`.
+#[derive(Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestConfig {
+    /// e.g. `https://catalog.example.com` (the `/v1/...` paths go below it).
+    pub uri: String,
+    /// Sent as `?warehouse=` to `/v1/config`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warehouse: Option<String>,
+    /// Overrides the prefix the server's `/v1/config` gives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// OAuth2 client credentials, `client_id:client_secret`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+    /// A static bearer token (instead of `credential`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// Token endpoint; defaults to `<uri>/v1/oauth/tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth2_server_uri: Option<String>,
+    /// OAuth2 scope; defaults to `catalog`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// Extra HTTP headers on every request (Java's `header.*` properties).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// Bound on each catalog request; defaults to 30 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_timeout: Option<String>,
+    /// Credentials and endpoint for the table files, when the catalog does not vend them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Config>,
+}
+
+impl std::fmt::Debug for RestConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RestConfig")
+            .field("uri", &self.uri)
+            .field("warehouse", &self.warehouse)
+            .field("prefix", &self.prefix)
+            .field(
+                "credential",
+                &self.credential.as_ref().map(|c| match c.split_once(':') {
+                    Some((id, _)) => format!("{id}:***"),
+                    None => "***".into(),
+                }),
+            )
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("s3", &self.s3)
+            .finish()
+    }
+}
+
+/// `[catalog.s3]`: an S3-compatible object store. Credentials left out come
+/// from the usual AWS environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+/// `AWS_SESSION_TOKEN`, profiles, instance metadata).
+#[derive(Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Config {
+    /// e.g. `http://127.0.0.1:8333`; AWS's own endpoint when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Defaults to `us-east-1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// Path-style addressing (`endpoint/bucket/key`). Defaults to true when an
+    /// endpoint is set (S3-compatible stores), false on AWS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_style: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_key_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_access_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Config")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("path_style", &self.path_style)
+            .field("access_key_id", &self.access_key_id)
+            .field(
+                "secret_access_key",
+                &self.secret_access_key.as_ref().map(|_| "***"),
+            )
+            .finish()
+    }
+}
+
+impl S3Config {
+    pub fn path_style(&self) -> bool {
+        self.path_style.unwrap_or(self.endpoint.is_some())
+    }
+}
+
+fn default_catalog_name() -> String {
+    "autocdc".into()
+}
+
+impl Default for CatalogConfig {
+    fn default() -> Self {
+        CatalogConfig::Hadoop {
+            warehouse: default_warehouse(),
+            s3: None,
+        }
+    }
+}
+
+fn default_warehouse() -> String {
+    "./warehouse".to_string()
+}
+
+impl Config {
+    pub fn from_toml(text: &str) -> Result<Config> {
+        toml::from_str(text).map_err(|e| Error::Config(format!("invalid configuration: {e}")))
+    }
+
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
+        Self::from_toml(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+    }
+
+    /// Validates every flow; the first invalid one is the error.
+    pub fn flows(&self) -> Result<Vec<Flow>> {
+        let mut names = HashSet::new();
+        let mut out = Vec::new();
+        for f in &self.flows {
+            if !names.insert(f.name.clone()) {
+                return Err(Error::definition(
+                    &f.name,
+                    codes::INVALID_DEFINITION,
+                    "two flows have this name; flow names must be unique",
+                ));
+            }
+            out.push(Flow::new(f.clone())?);
+        }
+        Ok(out)
+    }
+
+    pub fn flow(&self, name: &str) -> Result<Flow> {
+        let Some(f) = self.flows.iter().find(|f| f.name == name) else {
+            let known: Vec<_> = self.flows.iter().map(|f| f.name.as_str()).collect();
+            return Err(Error::Config(format!(
+                "no flow named `{name}` in the configuration (flows: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        };
+        Flow::new(f.clone())
+    }
+}

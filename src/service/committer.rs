@@ -1,0 +1,316 @@
+//! The committer task of one flow: it owns the flow's engine, drains the
+//! contiguous run of pending offsets into one snapshot on the flow's
+//! schedule, releases the log through the committed offset, and keeps a
+//! failing flow retrying with backoff (visible as `degraded`) instead of dying.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
+
+use super::{COMMIT_BUCKETS, Committed, FlowRuntime, Inner, MAX_BACKOFF, now_ms};
+use crate::error::{Error, Result, codes};
+use crate::fault::Faults;
+use crate::table::catalog::Catalog;
+use crate::table::engine::Engine;
+
+/// The committer of one flow. Cadence: while data arrives, commits start
+/// `commit_interval` apart (measured start to start), and each takes
+/// everything that arrived meanwhile. A commit starts sooner only when more
+/// than one commit's worth is waiting (`commit_max_rows` /
+/// `commit_max_bytes`; a snapshot flow's next snapshot), or a client asked
+/// for it (`/commit`, `?wait=commit`). So the commit rate follows the
+/// interval and the input, never the commit count. Failures retry with
+/// backoff; on stop it commits what is pending.
+pub(super) async fn committer(
+    rt: Arc<FlowRuntime>,
+    engine: Engine,
+    catalog: Arc<dyn Catalog>,
+    faults: Arc<Faults>,
+    window: Duration,
+) {
+    let mut engine = Some(engine);
+    let mut stop = rt.stop.subscribe();
+    let mut backoff = Duration::from_millis(100);
+    let interval = rt.flow.commit.interval;
+    let mut next_start = tokio::time::Instant::now() + interval;
+    loop {
+        let stopping = *stop.borrow();
+        if !stopping {
+            tokio::select! {
+                _ = tokio::time::sleep_until(next_start) => {}
+                _ = rt.wake.notified() => {}
+                _ = stop.changed() => {}
+            }
+        }
+        let stopping = *stop.borrow();
+        next_start = tokio::time::Instant::now() + interval;
+        // A commit is CPU-heavy (resolve, Parquet encoding): let the other
+        // tasks of this worker (request handlers) move to another thread.
+        // A panic inside it is caught: the flow degrades and retries, the
+        // process and the other flows go on.
+        let handle = tokio::runtime::Handle::current();
+        let outcome = tokio::task::block_in_place(|| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                handle.block_on(commit_once(&rt, &mut engine, &catalog, &faults, window))
+            }))
+        })
+        .unwrap_or_else(|panic| {
+            // The engine may be half-way through a commit: reopen it.
+            engine = None;
+            Err(Error::State {
+                code: codes::COMMITTER_PANIC,
+                message: format!("the commit panicked: {}", panic_message(&*panic)),
+            })
+        });
+        match outcome {
+            Ok(next) => {
+                if rt.lock().status.degraded {
+                    tracing::info!(flow = %rt.flow.name, "commit_recovered");
+                }
+                backoff = Duration::from_millis(100);
+                let asked = rt.requested.load(std::sync::atomic::Ordering::SeqCst);
+                if stopping && next == Next::Empty {
+                    return;
+                }
+                if next == Next::Full || (next == Next::Some && asked > rt.applied()) {
+                    rt.wake.notify_one();
+                }
+            }
+            Err(e) => {
+                {
+                    let mut inner = rt.lock();
+                    inner.status.last_error = Some(e.to_string());
+                    inner.status.degraded = true;
+                }
+                tracing::error!(
+                    flow = %rt.flow.name,
+                    retry_in_ms = backoff.as_millis() as u64,
+                    error = %e,
+                    "commit_failed"
+                );
+                if stopping && backoff >= MAX_BACKOFF {
+                    // Give up on the final commit; the log keeps the batches.
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                rt.wake.notify_one();
+            }
+        }
+    }
+}
+
+/// The text of a caught panic.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// What is left for the committer after a commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Nothing contiguous is pending.
+    Empty,
+    /// Less than a commit's worth: it waits for the next tick.
+    Some,
+    /// A commit's worth or more (or another snapshot): commit at once.
+    Full,
+}
+
+impl FlowRuntime {
+    fn applied(&self) -> i64 {
+        self.lock().status.applied_offset
+    }
+
+    fn next_after_commit(&self, inner: &Inner) -> Next {
+        let s = &inner.status;
+        if !inner.pending.contains_key(&(s.applied_offset + 1)) {
+            Next::Empty
+        } else if self.flow.from_snapshot
+            || s.pending_rows >= self.flow.commit.max_rows
+            || s.pending_bytes >= self.flow.commit.max_bytes
+        {
+            Next::Full
+        } else {
+            Next::Some
+        }
+    }
+}
+
+/// Commits the contiguous run of pending batches after the applied offset
+/// (bounded by the commit policy). Returns what is left pending.
+async fn commit_once(
+    rt: &FlowRuntime,
+    engine: &mut Option<Engine>,
+    catalog: &Arc<dyn Catalog>,
+    faults: &Arc<Faults>,
+    window: Duration,
+) -> Result<Next> {
+    if engine.is_none() {
+        *engine = Some(
+            Engine::open_for_log(
+                rt.flow.clone(),
+                catalog.clone(),
+                faults.clone(),
+                Some(rt.log_ref.clone()),
+            )
+            .await?,
+        );
+    }
+    let eng = engine.as_mut().expect("opened above");
+    let (batches, last, bytes) = {
+        let inner = rt.lock();
+        let mut next = inner.status.applied_offset + 1;
+        let (mut rows, mut bytes) = (0u64, 0u64);
+        let mut batches = Vec::new();
+        while let Some(p) = inner.pending.get(&next) {
+            if !batches.is_empty()
+                && (rt.flow.from_snapshot
+                    || rows + p.batch.num_rows() as u64 > rt.flow.commit.max_rows
+                    || bytes + p.bytes > rt.flow.commit.max_bytes)
+            {
+                // A snapshot is applied on its own.
+                break;
+            }
+            rows += p.batch.num_rows() as u64;
+            bytes += p.bytes;
+            batches.push((p.batch.clone(), p.version));
+            next += 1;
+        }
+        (batches, next - 1, bytes)
+    };
+    if batches.is_empty() {
+        return Ok(Next::Empty);
+    }
+    let n = batches.len();
+    let first = last + 1 - n as i64;
+    let started = std::time::Instant::now();
+    let now = now_ms();
+    let mut rejected = Vec::new();
+    let applied = match batches.as_slice() {
+        [(snapshot, Some(version))] => eng.apply_snapshot_at(snapshot, *version, now, last).await,
+        _ => {
+            let batch = arrow_select::concat::concat_batches(
+                &rt.flow.source_arrow,
+                batches.iter().map(|(b, _)| b),
+            )?;
+            eng.apply_at(&batch, now, last).await
+        }
+    };
+    let report = match applied {
+        Ok(r) => {
+            if let Some(have) = r.skipped_for_version {
+                rejected.push(format!(
+                    "offset {last}: snapshot version {} skipped: the target has version {have}",
+                    r.snapshot_version.unwrap_or_default()
+                ));
+            }
+            r
+        }
+        Err(e @ Error::Batch { .. }) if rt.flow.from_snapshot => {
+            // A snapshot the ingest checks let through: set it aside.
+            dead_letter(rt, last, &e, &batches[0].0)?;
+            rejected.push(format!("offset {last}: {e}"));
+            crate::table::engine::CommitReport::default()
+        }
+        Err(Error::Batch { .. }) => {
+            // A batch that meets another (a sequence tie under
+            // on_sequence_tie = "error"): apply one by one, drop the rejected.
+            let mut total = crate::table::engine::CommitReport::default();
+            for (i, (b, _)) in batches.iter().enumerate() {
+                match eng.apply_at(b, now, first + i as i64).await {
+                    Ok(r) => {
+                        total.stats.add(&r.stats);
+                        total.snapshot_id = r.snapshot_id.or(total.snapshot_id);
+                    }
+                    Err(e @ Error::Batch { .. }) => {
+                        // Kept before a later batch's commit moves the
+                        // recorded offset past it.
+                        if let Err(de) = dead_letter(rt, first + i as i64, &e, b) {
+                            *engine = None;
+                            return Err(de);
+                        }
+                        rejected.push(format!("offset {}: {e}", first + i as i64))
+                    }
+                    Err(e) => {
+                        *engine = None;
+                        return Err(e);
+                    }
+                }
+            }
+            total
+        }
+        Err(e) => {
+            // The engine may be ahead of the catalog: reopen it next time.
+            *engine = None;
+            return Err(e);
+        }
+    };
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    let summary = eng.summary();
+    let next = {
+        let mut inner = rt.lock();
+        let mut rows = 0;
+        for off in first..=last {
+            if let Some(p) = inner.pending.remove(&off) {
+                rows += p.batch.num_rows() as u64;
+            }
+        }
+        let s = &mut inner.status;
+        s.pending_batches -= n;
+        s.pending_rows -= rows;
+        s.pending_bytes -= bytes;
+        s.applied_offset = last;
+        s.counters.add(&report.stats);
+        s.rejected_at_commit += rejected.len() as u64;
+        if let Some(r) = rejected.pop() {
+            s.last_rejection = Some(r);
+        }
+        s.state_keys = summary.keys;
+        s.state_tombstones = summary.tombstones;
+        s.last_error = None;
+        s.degraded = false;
+        if let Some(id) = report.snapshot_id {
+            s.committed_offset = last;
+            s.last_snapshot_id = Some(id);
+            s.last_commit_ms = Some(now);
+            s.commits += 1;
+            s.commit_ms_total += ms;
+        }
+        rt.next_after_commit(&inner)
+    };
+    if report.snapshot_id.is_some() {
+        rt.record_commit_ms(ms);
+        let mut h = rt.commit_hist.lock().unwrap_or_else(|e| e.into_inner());
+        let b = COMMIT_BUCKETS
+            .iter()
+            .position(|&ub| ms <= ub)
+            .unwrap_or(COMMIT_BUCKETS.len());
+        h[b] += 1;
+    }
+    let snapshot_id = report.snapshot_id.or(rt.committed.borrow().snapshot_id);
+    rt.committed.send_replace(Committed {
+        offset: last,
+        snapshot_id,
+    });
+    rt.log
+        .release(last, now.saturating_sub(window.as_millis() as i64))
+        .await?;
+    Ok(next)
+}
+
+/// Sets an acknowledged batch that cannot be applied aside, durably.
+fn dead_letter(rt: &FlowRuntime, offset: i64, e: &Error, batch: &RecordBatch) -> Result<()> {
+    rt.dead.put(
+        offset,
+        e,
+        crate::service::dead_letter::Contents::Rows(batch),
+        now_ms(),
+    )?;
+    tracing::warn!(flow = %rt.flow.name, offset, error = %e, "dead_letter");
+    Ok(())
+}

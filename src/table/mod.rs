@@ -1,0 +1,10 @@
+//! The Iceberg shell around the core: the engine that opens a flow and runs
+//! its commit phases, the Parquet files it writes, the row-delta snapshots it
+//! produces, the aux state table, storage and the catalogs.
+
+pub mod catalog;
+pub mod engine;
+pub mod row_delta;
+pub mod state_table;
+pub mod storage;
+pub mod write;

@@ -1,0 +1,10 @@
+//! The command line (`cli`) and the tools it runs: `push` (files to a
+//! server), `bench` (the engine's throughput), `loadgen` (HTTP load),
+//! `generate` (the synthetic ghost-kitchen feed) and `soak` (a long run sampled).
+
+pub mod bench;
+pub mod cli;
+pub mod generate;
+pub mod loadgen;
+pub mod push;
+pub mod soak;
