@@ -13,9 +13,7 @@ use arrow_array::{ArrayRef, BooleanArray, Int64Array, RecordBatch};
 
 use crate::core::flow::Flow;
 use crate::core::resolve::{Codec, validate};
-use crate::error::{Error, Result};
-
-pub const DUPLICATE_KEY: &str = "AUTOCDC_SNAPSHOT_DUPLICATE_KEY";
+use crate::error::{Error, Result, codes};
 
 /// `snapshot` with its version column set to `version`.
 pub fn with_version(flow: &Flow, snapshot: &RecordBatch, version: i64) -> Result<RecordBatch> {
@@ -52,7 +50,7 @@ pub fn check(flow: &Flow, snapshot: &RecordBatch, version: i64) -> Result<Record
 
 fn duplicate(flow: &Flow, row: usize, first: usize) -> Error {
     Error::Batch {
-        code: DUPLICATE_KEY,
+        code: codes::SNAPSHOT_DUPLICATE_KEY,
         flow: flow.name.clone(),
         row,
         column: flow

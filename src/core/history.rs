@@ -28,7 +28,7 @@ use xxhash_rust::xxh3::Xxh3;
 use crate::core::flow::{END_AT, Flow, START_AT, TiePolicy};
 use crate::core::resolve::{BatchStats, Codec, mask, required_null, tie_error, validate};
 use crate::core::state::{FileTable, Loc};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, codes};
 
 /// Encoders for single values of the flow's value columns (the target
 /// columns that are not keys), so a value is a byte string that compares,
@@ -674,7 +674,7 @@ pub fn rows_batch(
             arrow_cast::cast(&a, f.data_type())?
         } else {
             return Err(Error::State {
-                code: "AUTOCDC_INVALID_STATE.SCHEMA_DRIFT",
+                code: codes::SCHEMA_DRIFT,
                 message: format!(
                     "target column `{name}` is not produced by flow `{}`",
                     flow.name

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, codes};
 
 pub const PROP_INPUT_OFFSETS: &str = "autocdc.input-offsets";
 
@@ -39,7 +39,7 @@ pub fn parse(json: Option<&String>) -> Result<Offsets> {
     match json {
         None => Ok(Offsets::new()),
         Some(text) => serde_json::from_str(text).map_err(|e| Error::State {
-            code: "AUTOCDC_INVALID_STATE.INPUT_OFFSETS",
+            code: codes::INPUT_OFFSETS,
             message: format!("the target's {PROP_INPUT_OFFSETS} `{text}` is not readable: {e}"),
         }),
     }

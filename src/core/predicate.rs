@@ -77,17 +77,29 @@ pub const MAX_SQL_BYTES: usize = 64 * 1024;
 /// work, not the stack.
 pub const MAX_SQL_OPERATORS: usize = 10_000;
 
+/// The codes of expression errors (registered in `crate::error::REGISTRY`;
+/// defined here so this module stays free of the crate).
+pub mod codes {
+    pub const PARSE: &str = "AUTOCDC_INVALID_EXPRESSION.PARSE";
+    pub const MULTIPART: &str = "AUTOCDC_MULTIPART_COLUMN_IDENTIFIER";
+    pub const UNKNOWN_COLUMN: &str = "AUTOCDC_COLUMNS_NOT_FOUND_IN_SCHEMA";
+    pub const UNSUPPORTED: &str = "AUTOCDC_INVALID_EXPRESSION.UNSUPPORTED";
+    pub const TYPE: &str = "AUTOCDC_INVALID_EXPRESSION.TYPE";
+    pub const EVAL: &str = "AUTOCDC_INVALID_EXPRESSION.EVAL";
+    pub const TOO_LARGE: &str = "AUTOCDC_INVALID_EXPRESSION.TOO_LARGE";
+}
+
 impl PredicateError {
     /// Stable error code.
     pub fn code(&self) -> &'static str {
         match self {
-            Self::Parse { .. } => "AUTOCDC_INVALID_EXPRESSION.PARSE",
-            Self::Multipart { .. } => "AUTOCDC_MULTIPART_COLUMN_IDENTIFIER",
-            Self::UnknownColumn { .. } => "AUTOCDC_COLUMNS_NOT_FOUND_IN_SCHEMA",
-            Self::Unsupported { .. } => "AUTOCDC_INVALID_EXPRESSION.UNSUPPORTED",
-            Self::Type { .. } => "AUTOCDC_INVALID_EXPRESSION.TYPE",
-            Self::Eval { .. } => "AUTOCDC_INVALID_EXPRESSION.EVAL",
-            Self::TooLarge { .. } => "AUTOCDC_INVALID_EXPRESSION.TOO_LARGE",
+            Self::Parse { .. } => codes::PARSE,
+            Self::Multipart { .. } => codes::MULTIPART,
+            Self::UnknownColumn { .. } => codes::UNKNOWN_COLUMN,
+            Self::Unsupported { .. } => codes::UNSUPPORTED,
+            Self::Type { .. } => codes::TYPE,
+            Self::Eval { .. } => codes::EVAL,
+            Self::TooLarge { .. } => codes::TOO_LARGE,
         }
     }
 }

@@ -23,45 +23,64 @@ use crate::service::input;
 pub const NDJSON: &str = "application/x-ndjson";
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
 
-/// An error response: HTTP status plus the library error.
-pub struct ApiError(pub StatusCode, pub Error);
+/// An error response: a library error, or a refusal of the HTTP layer
+/// itself. The status comes from the code's entry in `error::REGISTRY`.
+#[derive(Debug)]
+pub enum ApiError {
+    Library(Error),
+    /// No bearer token, or an unknown one.
+    Unauthorized(String),
+    /// A token without this flow or namespace.
+    Forbidden(String),
+    UnsupportedMediaType(String),
+    BodyTooLarge(String),
+    /// Over `request_timeout`.
+    RequestTimeout(String),
+    /// A commit waited for (`/commit`, `?wait=commit`) did not finish in time.
+    CommitTimeout(String),
+    BadIdempotencyKey(String),
+    SnapshotVersionRequired(String),
+}
 
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
-        let status = match &e {
-            Error::Batch { code, .. }
-                if *code == codes::NULL_KEY
-                    || *code == crate::core::from_snapshot::DUPLICATE_KEY
-                    || *code == codes::NULL_SEQUENCE
-                    || *code == codes::SEQUENCE_TIE =>
-            {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
-            Error::Batch { .. } | Error::Input { .. } | Error::Definition { .. } => {
-                StatusCode::BAD_REQUEST
-            }
-            Error::Config(_) | Error::Json(_) => StatusCode::BAD_REQUEST,
-            Error::NotFound { .. } => StatusCode::NOT_FOUND,
-            Error::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Error::State { code, .. } if code.contains("DRIFT") => StatusCode::CONFLICT,
-            Error::State { code, .. } if *code == crate::service::wal::WRITE_FAILED => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        ApiError(status, e)
+        ApiError::Library(e)
     }
 }
 
-fn plain(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-    ApiError(
-        status,
-        Error::NotFound {
-            code,
-            message: message.into(),
-        },
-    )
+impl ApiError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::Library(e) => e.code(),
+            ApiError::Unauthorized(_) => codes::UNAUTHORIZED,
+            ApiError::Forbidden(_) => codes::FORBIDDEN,
+            ApiError::UnsupportedMediaType(_) => codes::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::BodyTooLarge(_) => codes::BODY_TOO_LARGE,
+            ApiError::RequestTimeout(_) => codes::REQUEST_TIMEOUT,
+            ApiError::CommitTimeout(_) => codes::COMMIT_TIMEOUT,
+            ApiError::BadIdempotencyKey(_) => codes::BAD_IDEMPOTENCY_KEY,
+            ApiError::SnapshotVersionRequired(_) => codes::SNAPSHOT_VERSION_REQUIRED,
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(crate::error::status_of(self.code()))
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    fn message(&self) -> String {
+        match self {
+            ApiError::Library(e) => e.to_string(),
+            ApiError::Unauthorized(m)
+            | ApiError::Forbidden(m)
+            | ApiError::UnsupportedMediaType(m)
+            | ApiError::BodyTooLarge(m)
+            | ApiError::RequestTimeout(m)
+            | ApiError::CommitTimeout(m)
+            | ApiError::BadIdempotencyKey(m)
+            | ApiError::SnapshotVersionRequired(m) => format!("[{}] {m}", self.code()),
+        }
+    }
 }
 
 /// Every error response: `{"error": {...}}`.
@@ -85,25 +104,25 @@ pub struct ErrorBody {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let ApiError(status, e) = self;
-        let (row, column) = match &e {
-            Error::Batch { row, column, .. } => {
+        let status = self.status();
+        let (row, column) = match &self {
+            ApiError::Library(Error::Batch { row, column, .. }) => {
                 (Some(*row), Some(column.clone()).filter(|c| !c.is_empty()))
             }
             _ => (None, None),
         };
         let body = ErrorResponse {
             error: ErrorBody {
-                code: e.code().to_string(),
-                message: e.to_string(),
+                code: self.code().to_string(),
+                message: self.message(),
                 row,
                 column,
             },
         };
         let mut resp = (status, Json(body)).into_response();
-        if let Error::Overloaded {
+        if let ApiError::Library(Error::Overloaded {
             retry_after_secs, ..
-        } = &e
+        }) = &self
         {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
@@ -211,11 +230,9 @@ async fn request_timeout(
         + Duration::from_secs(5);
     match tokio::time::timeout(limit, next.run(req)).await {
         Ok(resp) => resp,
-        Err(_) => plain(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "AUTOCDC_REQUEST_TIMEOUT",
-            format!("the request took longer than {limit:?}; retry it (with its Idempotency-Key)"),
-        )
+        Err(_) => ApiError::RequestTimeout(format!(
+            "the request took longer than {limit:?}; retry it (with its Idempotency-Key)"
+        ))
         .into_response(),
     }
 }
@@ -234,13 +251,9 @@ async fn content_length_limit(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     match declared {
-        Some(n) if n > limit as u64 => plain(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "AUTOCDC_BODY_TOO_LARGE",
-            format!(
-                "the body is {n} bytes, over server.max_body_bytes = {limit}; send smaller requests"
-            ),
-        )
+        Some(n) if n > limit as u64 => ApiError::BodyTooLarge(format!(
+            "the body is {n} bytes, over server.max_body_bytes = {limit}; send smaller requests"
+        ))
         .into_response(),
         _ => next.run(req).await,
     }
@@ -264,29 +277,19 @@ fn authorize<'a>(
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     let Some(given) = given else {
-        return Err(plain(
-            StatusCode::UNAUTHORIZED,
-            "AUTOCDC_UNAUTHORIZED",
-            "missing `Authorization: Bearer <token>`",
+        return Err(ApiError::Unauthorized(
+            "missing `Authorization: Bearer <token>`".into(),
         ));
     };
     let Some(t) = tokens.iter().find(|t| t.token == given) else {
-        return Err(plain(
-            StatusCode::UNAUTHORIZED,
-            "AUTOCDC_UNAUTHORIZED",
-            "unknown token",
-        ));
+        return Err(ApiError::Unauthorized("unknown token".into()));
     };
     match flow {
-        Some(f) if !t.flows.is_empty() && !t.flows.iter().any(|x| x == f) => Err(plain(
-            StatusCode::FORBIDDEN,
-            "AUTOCDC_FORBIDDEN",
-            format!("this token may not use flow `{f}`"),
-        )),
-        None if !t.flows.is_empty() => Err(plain(
-            StatusCode::FORBIDDEN,
-            "AUTOCDC_FORBIDDEN",
-            "this token is limited to some flows",
+        Some(f) if !t.flows.is_empty() && !t.flows.iter().any(|x| x == f) => Err(
+            ApiError::Forbidden(format!("this token may not use flow `{f}`")),
+        ),
+        None if !t.flows.is_empty() => Err(ApiError::Forbidden(
+            "this token is limited to some flows".into(),
         )),
         _ => Ok(Some(t)),
     }
@@ -414,13 +417,9 @@ async fn decode_body(
         }
         Err(other) => {
             rt.count_rejected();
-            return Err(plain(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "AUTOCDC_UNSUPPORTED_MEDIA_TYPE",
-                format!(
-                    "content type `{other}` is not accepted; use {NDJSON}, application/json (an array of objects) or {ARROW_STREAM}"
-                ),
-            ));
+            return Err(ApiError::UnsupportedMediaType(format!(
+                "content type `{other}` is not accepted; use {NDJSON}, application/json (an array of objects) or {ARROW_STREAM}"
+            )));
         }
     };
     Ok((batch, key))
@@ -433,11 +432,9 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
         return Ok(None);
     };
     let bad = |why: &str| {
-        Err(plain(
-            StatusCode::BAD_REQUEST,
-            "AUTOCDC_BAD_IDEMPOTENCY_KEY",
-            format!("Idempotency-Key {why}"),
-        ))
+        Err(ApiError::BadIdempotencyKey(format!(
+            "Idempotency-Key {why}"
+        )))
     };
     let Ok(k) = v.to_str() else {
         return bad("must be visible ASCII");
@@ -549,11 +546,7 @@ async fn post_snapshots(
     authorize(&service, &headers, Some(&flow))?;
     let rt = service.flow(&flow)?;
     let Some(version) = q.version else {
-        return Err(plain(
-            StatusCode::BAD_REQUEST,
-            "AUTOCDC_SNAPSHOT_VERSION_REQUIRED",
-            "a snapshot needs its version: POST /v1/flows/{flow}/snapshots?version=V (versions must increase)",
-        ));
+        return Err(ApiError::SnapshotVersionRequired("a snapshot needs its version: POST /v1/flows/{flow}/snapshots?version=V (versions must increase)".into()));
     };
     let (batch, key) = decode_body(&rt, service.config.limits(), &headers, body).await?;
     let accepted = service.ingest_snapshot(&rt, batch, version, key).await?;
@@ -592,13 +585,9 @@ async fn wait_for_commit(
     let done = tokio::time::timeout(timeout, rx.wait_for(|c| c.offset >= offset))
         .await
         .map_err(|_| {
-            plain(
-                StatusCode::GATEWAY_TIMEOUT,
-                "AUTOCDC_COMMIT_TIMEOUT",
-                format!(
-                    "batch {offset} is durable but not committed within {timeout:?}; it will be"
-                ),
-            )
+            ApiError::CommitTimeout(format!(
+                "batch {offset} is durable but not committed within {timeout:?}; it will be"
+            ))
         })?
         .map_err(|_| ApiError::from(Error::Unavailable("the flow stopped".into())))?;
     Ok(done.snapshot_id)
@@ -642,11 +631,9 @@ async fn post_commit(
     let done = tokio::time::timeout(timeout, rx.wait_for(|c| c.offset >= last))
         .await
         .map_err(|_| {
-            plain(
-                StatusCode::GATEWAY_TIMEOUT,
-                "AUTOCDC_COMMIT_TIMEOUT",
-                format!("the commit did not finish within {timeout:?}; see GET /v1/flows/{flow}"),
-            )
+            ApiError::CommitTimeout(format!(
+                "the commit did not finish within {timeout:?}; see GET /v1/flows/{flow}"
+            ))
         })?
         .map_err(|_| ApiError::from(Error::Unavailable("the flow stopped".into())))?;
     let snapshot = if done.snapshot_id != before {
@@ -746,28 +733,28 @@ async fn put_flow(
 ) -> ApiResult<Response> {
     let token = authorize(&service, &headers, Some(&flow))?;
     let mut value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
-        plain(
-            StatusCode::BAD_REQUEST,
+        ApiError::Library(Error::definition(
+            &flow,
             codes::INVALID_DEFINITION,
             format!("the body is not a JSON flow definition: {e}"),
-        )
+        ))
     })?;
     if let Some(obj) = value.as_object_mut() {
         obj.entry("name").or_insert_with(|| json!(flow));
     }
     let cfg: FlowConfig = serde_json::from_value(value).map_err(|e| {
-        plain(
-            StatusCode::BAD_REQUEST,
+        ApiError::Library(Error::definition(
+            &flow,
             codes::INVALID_DEFINITION,
             format!("invalid flow definition: {e}"),
-        )
+        ))
     })?;
     if cfg.name != flow {
-        return Err(plain(
-            StatusCode::BAD_REQUEST,
+        return Err(ApiError::Library(Error::definition(
+            &flow,
             codes::INVALID_DEFINITION,
             format!("the body names flow `{}` but the path `{flow}`", cfg.name),
-        ));
+        )));
     }
     // A token with `namespaces` may only point flows at tables there (a
     // target that another flow writes is refused whatever the token).
@@ -776,15 +763,11 @@ async fn put_flow(
     {
         let ns = cfg.target.rsplit_once('.').map_or("", |(ns, _)| ns);
         if !t.namespaces.iter().any(|n| n == ns) {
-            return Err(plain(
-                StatusCode::FORBIDDEN,
-                "AUTOCDC_FORBIDDEN",
-                format!(
-                    "this token may only define flows whose target is in namespace {}; `{}` is in `{ns}`",
-                    t.namespaces.join(", "),
-                    cfg.target
-                ),
-            ));
+            return Err(ApiError::Forbidden(format!(
+                "this token may only define flows whose target is in namespace {}; `{}` is in `{ns}`",
+                t.namespaces.join(", "),
+                cfg.target
+            )));
         }
     }
     let existed = service.flow(&flow).is_ok();

@@ -325,12 +325,9 @@ impl Service {
                         "the service is recovering its flows; retry `{name}` shortly"
                     ))
                 } else {
-                    Error::NotFound {
-                        code: codes::FLOW_NOT_FOUND,
-                        message: format!(
-                            "flow `{name}` does not exist; create it with PUT /v1/flows/{name}"
-                        ),
-                    }
+                    Error::FlowNotFound(format!(
+                        "flow `{name}` does not exist; create it with PUT /v1/flows/{name}"
+                    ))
                 }
             })
     }

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, codes};
 
 /// One appended batch.
 #[derive(Debug, Clone)]
@@ -107,9 +107,6 @@ pub fn identity(dir: &Path) -> Result<String> {
     sync_dir(dir)?;
     Ok(id)
 }
-
-/// The code of an append the log could not make durable.
-pub const WRITE_FAILED: &str = "AUTOCDC_WAL.WRITE_FAILED";
 
 const MAGIC: u32 = 0xACDC_0001;
 const HEADER: usize = 12;
@@ -315,7 +312,7 @@ impl LocalLog {
             if valid < len {
                 if i + 1 < firsts.len() {
                     return Err(Error::State {
-                        code: "AUTOCDC_WAL.CORRUPT",
+                        code: codes::WAL_CORRUPT,
                         message: format!(
                             "{}: damaged record at byte {valid} in a segment that is not the last one; move the file away to start without it (its batches were {})",
                             path.display(),
@@ -400,7 +397,7 @@ impl LocalLog {
     async fn call<T>(&self, cmd: impl FnOnce(oneshot::Sender<Result<T>>) -> Cmd) -> Result<T> {
         let (reply, rx) = oneshot::channel();
         let closed = || Error::State {
-            code: "AUTOCDC_WAL.CLOSED",
+            code: codes::WAL_CLOSED,
             message: format!("the log in {} is closed", self.dir.display()),
         };
         self.tx.send(cmd(reply)).await.map_err(|_| closed())?;
@@ -522,13 +519,13 @@ impl Writer {
         for (reply, res) in acks {
             let res = match (&synced, res) {
                 (Err(e), Ok(a)) if a.offset >= first_new => Err(Error::State {
-                    code: WRITE_FAILED,
+                    code: codes::WAL_WRITE_FAILED,
                     message: format!(
                         "the flow's log could not be written ({e}); nothing was kept, retry"
                     ),
                 }),
                 (Err(e), Err(Error::Io(_))) => Err(Error::State {
-                    code: WRITE_FAILED,
+                    code: codes::WAL_WRITE_FAILED,
                     message: format!(
                         "the flow's log could not be written ({e}); nothing was kept, retry"
                     ),
@@ -884,7 +881,7 @@ mod tests {
                 log.append(Some("a".into()), b("a"), 1).await.unwrap();
                 faults.arm(crate::fault::FaultPoint::LogSync, 0);
                 let e = log.append(Some("b".into()), b("b"), 2).await.unwrap_err();
-                assert_eq!(e.code(), WRITE_FAILED, "{e}");
+                assert_eq!(e.code(), codes::WAL_WRITE_FAILED, "{e}");
                 let st = log.stats();
                 assert!(st.failing && st.write_failures == 1, "{st:?}");
                 assert_eq!(st.next_offset, 2);

@@ -170,7 +170,7 @@ fn floor_from_json(flow: &Flow, codec: &Codec, json: &str) -> Result<Box<[u8]>> 
         .map(|&i| flow.source_arrow.field(i).clone())
         .collect();
     let bad = |m: String| Error::State {
-        code: "AUTOCDC_INVALID_STATE.TRUNCATE_FLOOR",
+        code: codes::TRUNCATE_FLOOR,
         message: format!("flow `{}`: {PROP_TRUNCATED_BELOW} = {json}: {m}", flow.name),
     };
     let batch = arrow_json::ReaderBuilder::new(Arc::new(arrow_schema::Schema::new(fields)))
@@ -331,7 +331,7 @@ fn check_schema(flow: &Flow, meta: &TableMetadata) -> Result<()> {
     let want = render_spec(&flow.partition_spec, &flow.target_schema);
     if have != want {
         return Err(Error::State {
-            code: "AUTOCDC_INVALID_STATE.PARTITION_DRIFT",
+            code: codes::PARTITION_DRIFT,
             message: format!(
                 "flow `{}`: partition_by is {want} but the existing target {} is partitioned by {have}; change partition_by back or run `autocdc refresh --full {}`",
                 flow.name, flow.target, flow.name
@@ -369,7 +369,7 @@ fn check_schema(flow: &Flow, meta: &TableMetadata) -> Result<()> {
             Some(t) if t.field_type == f.field_type => {}
             other => {
                 return Err(Error::State {
-                    code: "AUTOCDC_INVALID_STATE.SCHEMA_DRIFT",
+                    code: codes::SCHEMA_DRIFT,
                     message: format!(
                         "flow `{}`: column `{}` is {} in the flow but {} in the existing target {}; change the flow back or run `autocdc refresh --full {}`",
                         flow.name,
@@ -473,7 +473,7 @@ impl Engine {
         if let Some(sid) = state_snapshot {
             if state_tbl.metadata.snapshot_by_id(sid).is_none() {
                 return Err(Error::State {
-                    code: "AUTOCDC_INVALID_STATE.STATE_SNAPSHOT_MISSING",
+                    code: codes::STATE_SNAPSHOT_MISSING,
                     message: format!(
                         "flow `{}`: the target names state snapshot {sid}, which {} does not have; the state table was removed or expired. Run `autocdc refresh --full {}`",
                         flow.name, state_ident, flow.name
@@ -755,7 +755,7 @@ impl Engine {
     ) -> std::result::Result<CommitReport, Failure> {
         if self.poisoned {
             return Err(Failure::Other(Error::State {
-                code: "AUTOCDC_INVALID_STATE.REOPEN",
+                code: codes::REOPEN,
                 message: format!(
                     "flow `{}`: a previous commit failed; reopen the flow",
                     self.flow.name
@@ -1233,7 +1233,7 @@ impl Engine {
             let path = self.files().path(l.file);
             let Some((spec, part)) = parts.get(path) else {
                 return Err(Error::State {
-                    code: "AUTOCDC_INVALID_STATE.UNKNOWN_FILE",
+                    code: codes::UNKNOWN_FILE,
                     message: format!(
                         "flow `{}`: the state places a row in {path}, which is not a live data file of {}; the table was rewritten by another writer. Run `autocdc refresh --full {}`",
                         self.flow.name, self.flow.target, self.flow.name
@@ -1357,7 +1357,7 @@ impl Engine {
                     .copied()
                     .find(|&c| self.flow.column_name(c) == f.name())
                     .ok_or_else(|| Error::State {
-                        code: "AUTOCDC_INVALID_STATE.SCHEMA_DRIFT",
+                        code: codes::SCHEMA_DRIFT,
                         message: format!(
                             "target column `{}` is not produced by flow `{}`",
                             f.name(),

@@ -29,7 +29,7 @@ use arrow_schema::SchemaRef;
 use iceberg::arrow::schema_to_arrow_schema;
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, codes};
 use std::collections::HashMap;
 
 use crate::core::flow::Flow;
@@ -278,7 +278,7 @@ pub fn load(
         } else if file.is_valid(r) && pos.is_valid(r) {
             let id = state.files.intern(file.value(r));
             let p = u32::try_from(pos.value(r)).map_err(|_| Error::State {
-                code: "AUTOCDC_INVALID_STATE.POSITION",
+                code: codes::POSITION,
                 message: format!("state row position {} out of range", pos.value(r)),
             })?;
             Value::Live(Some(Loc { file: id, pos: p }))
@@ -300,7 +300,7 @@ pub fn load(
 
 fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
     batch.column_by_name(name).ok_or_else(|| Error::State {
-        code: "AUTOCDC_INVALID_STATE.STATE_SCHEMA",
+        code: codes::STATE_SCHEMA,
         message: format!(
             "the state table has no column `{name}`; it was not written by this version of autocdc"
         ),
@@ -396,7 +396,7 @@ pub fn load_history(
             total += 1;
             let loc = if file.is_valid(r) && pos.is_valid(r) {
                 let p = u32::try_from(pos.value(r)).map_err(|_| Error::State {
-                    code: "AUTOCDC_INVALID_STATE.POSITION",
+                    code: codes::POSITION,
                     message: format!("state row position {} out of range", pos.value(r)),
                 })?;
                 Some(Loc {

@@ -28,7 +28,7 @@ use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
 use uuid::Uuid;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, codes};
 
 /// Rows per Parquet row group and the cap on rows per data file (positions are u32).
 const ROW_GROUP_ROWS: usize = 1 << 20;
@@ -177,7 +177,7 @@ async fn write_parquet(
     }
     let mut built = w.close().await?;
     built.pop().ok_or_else(|| Error::State {
-        code: "AUTOCDC_WRITE.EMPTY_FILE",
+        code: codes::WRITE_EMPTY_FILE,
         message: format!("no rows were written to {path}"),
     })
 }
@@ -345,7 +345,7 @@ pub async fn equality_delete_file(
                 .field_by_name(name)
                 .cloned()
                 .ok_or_else(|| Error::State {
-                    code: "AUTOCDC_INVALID_STATE.KEY_SCHEMA_DRIFT",
+                    code: codes::KEY_SCHEMA_DRIFT,
                     message: format!("key column `{name}` is missing from the table schema"),
                 })
         })

@@ -16,7 +16,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::config::{CatalogConfig, Config};
 use crate::core::flow::{Flow, parse_table_ident};
 use crate::core::resolve::BatchStats;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, codes};
 use crate::fault::Faults;
 use crate::service::input;
 use crate::table::catalog::{self, Catalog};
@@ -666,7 +666,7 @@ async fn demo(warehouse: &str, orders: usize, batches: usize, seed: u64) -> Resu
     );
     if !matches {
         return Err(Error::State {
-            code: "AUTOCDC_DEMO_MISMATCH",
+            code: codes::DEMO_MISMATCH,
             message: "the table differs from the naive recomputation".into(),
         });
     }

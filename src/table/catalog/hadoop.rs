@@ -14,7 +14,7 @@ use iceberg::{TableIdent, TableRequirement, TableUpdate};
 
 use super::{Catalog, TableState};
 use crate::config::S3Config;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, codes};
 use crate::fault::{FaultPoint, Faults};
 use crate::table::storage::Storage;
 
@@ -120,7 +120,7 @@ impl HadoopCatalog {
                     .ok()
             })
             .ok_or_else(|| Error::State {
-                code: "AUTOCDC_INVALID_STATE.METADATA_LOCATION",
+                code: codes::METADATA_LOCATION,
                 message: format!(
                     "`{metadata_location}` is not a Hadoop catalog metadata file (vN.metadata.json)"
                 ),

@@ -21,7 +21,7 @@ use iceberg::table::Table;
 use iceberg::{TableIdent, TableRequirement, TableUpdate};
 
 use crate::config::CatalogConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, codes};
 
 /// One loaded version of a table.
 #[derive(Debug, Clone)]
@@ -138,7 +138,7 @@ pub(crate) async fn read_metadata(
     file: String,
 ) -> Result<TableState> {
     let bytes = storage.get(&file).await?.ok_or_else(|| Error::State {
-        code: "AUTOCDC_INVALID_STATE.METADATA_MISSING",
+        code: codes::METADATA_MISSING,
         message: format!("table {ident}: the catalog names {file}, which does not exist"),
     })?;
     let metadata: TableMetadata = serde_json::from_slice(&bytes)?;

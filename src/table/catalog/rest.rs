@@ -25,7 +25,7 @@ use serde_json::json;
 
 use super::{Catalog, TableState};
 use crate::config::{RestConfig, S3Config};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, codes};
 
 #[derive(Debug)]
 pub struct RestCatalog {
@@ -324,7 +324,7 @@ impl RestCatalog {
         Ok(TableState {
             ident: ident.clone(),
             metadata_location: r.metadata_location.ok_or_else(|| Error::State {
-                code: "AUTOCDC_INVALID_STATE.METADATA_LOCATION",
+                code: codes::METADATA_LOCATION,
                 message: format!("the REST catalog returned {ident} without a metadata-location"),
             })?,
             metadata: Arc::new(r.metadata),
