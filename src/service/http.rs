@@ -877,9 +877,23 @@ pub async fn start(
     config: crate::config::Config,
     faults: Arc<crate::fault::Faults>,
 ) -> crate::Result<Running> {
+    let logs = Arc::new(crate::service::wal::LocalLogs::new(
+        std::path::Path::new(&config.server.data_dir).join("flows"),
+        faults.clone(),
+    ));
+    start_with_logs(config, faults, logs).await
+}
+
+/// `start` with each flow's ingest log opened by `logs` (the seam for logs
+/// other than the local one).
+pub async fn start_with_logs(
+    config: crate::config::Config,
+    faults: Arc<crate::fault::Faults>,
+    logs: Arc<dyn crate::service::wal::LogFactory>,
+) -> crate::Result<Running> {
     let catalog = crate::table::catalog::open(&config.catalog, faults.clone())?;
     let flows = config.flows()?;
-    let service = Service::new(config.server.clone(), catalog, faults)?;
+    let service = Service::with_logs(config.server.clone(), catalog, faults, logs)?;
     let listener = tokio::net::TcpListener::bind(&config.server.listen)
         .await
         .map_err(|e| Error::Config(format!("server.listen = {}: {e}", config.server.listen)))?;

@@ -35,12 +35,10 @@ use crate::core::offsets::LogRef;
 use crate::core::resolve::{self, BatchStats};
 use crate::error::{Error, Result, codes};
 use crate::fault::Faults;
-use crate::service::wal::{IngestLog, LocalLog, LogStats};
+use crate::service::wal::{IngestLog, LocalLogs, LogFactory, LogStats};
 use crate::table::catalog::Catalog;
 use crate::table::engine::Engine;
 
-const WAL_SEGMENT_BYTES: u64 = 64 << 20;
-const WAL_QUEUE: usize = 1024;
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 pub fn now_ms() -> i64 {
@@ -249,16 +247,33 @@ pub struct Service {
     data_dir: PathBuf,
     window: Duration,
     flows: RwLock<HashMap<String, Arc<FlowRuntime>>>,
+    /// Opens each flow's ingest log (`LocalLogs` unless given).
+    logs: Arc<dyn LogFactory>,
     ready: std::sync::atomic::AtomicBool,
     /// Client connections (the HTTP layer counts them here).
     pub connections: crate::service::http::Connections,
 }
 
 impl Service {
+    /// The service with a `LocalLog` per flow under `data_dir`.
     pub fn new(
         config: ServerConfig,
         catalog: Arc<dyn Catalog>,
         faults: Arc<Faults>,
+    ) -> Result<Arc<Service>> {
+        let logs = Arc::new(LocalLogs::new(
+            Path::new(&config.data_dir).join("flows"),
+            faults.clone(),
+        ));
+        Service::with_logs(config, catalog, faults, logs)
+    }
+
+    /// The service with each flow's ingest log opened by `logs`.
+    pub fn with_logs(
+        config: ServerConfig,
+        catalog: Arc<dyn Catalog>,
+        faults: Arc<Faults>,
+        logs: Arc<dyn LogFactory>,
     ) -> Result<Arc<Service>> {
         let data_dir = PathBuf::from(&config.data_dir);
         std::fs::create_dir_all(data_dir.join("flows")).map_err(|e| {
@@ -277,6 +292,7 @@ impl Service {
             faults,
             data_dir,
             flows: RwLock::new(HashMap::new()),
+            logs,
             ready: false.into(),
             connections: Default::default(),
         }))
@@ -430,9 +446,8 @@ impl Service {
     }
 
     async fn start_flow(self: &Arc<Self>, flow: Flow) -> Result<Arc<FlowRuntime>> {
-        let dir = self.flow_dir(&flow.name).join("wal");
         let log_ref = LogRef {
-            id: crate::service::wal::identity(&dir)?,
+            id: self.logs.identity(&flow.name)?,
             retention_ms: self.config.log_offsets_retention()?.as_millis() as i64,
         };
         let engine = Engine::open_for_log(
@@ -444,15 +459,9 @@ impl Service {
         .await?;
         let summary = engine.summary();
         let committed = summary.input_offset;
-        let max_log = flow.commit.max_log_bytes;
-        let log: Arc<dyn IngestLog> = Arc::new(LocalLog::open_with_faults(
-            &dir,
-            committed,
-            (max_log / 8).clamp(16 << 10, WAL_SEGMENT_BYTES),
-            max_log,
-            WAL_QUEUE,
-            self.faults.clone(),
-        )?);
+        let log = self
+            .logs
+            .open(&flow.name, committed, flow.commit.max_log_bytes)?;
         let records = log.replay(committed).await?;
         let mut pending = BTreeMap::new();
         let mut bytes_total = 0;
@@ -695,9 +704,4 @@ impl Service {
             skipped_for_version: None,
         })
     }
-}
-
-/// Where the flows' logs live, for tools and tests.
-pub fn wal_dir(data_dir: &Path, flow: &str) -> PathBuf {
-    data_dir.join("flows").join(flow).join("wal")
 }

@@ -22,6 +22,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result, codes};
+use crate::fault::Faults;
 
 /// One appended batch.
 #[derive(Debug, Clone)]
@@ -82,6 +83,62 @@ pub trait IngestLog: Send + Sync + std::fmt::Debug {
     async fn release(&self, offset: i64, keep_after_ms: i64) -> Result<()>;
 
     fn stats(&self) -> LogStats;
+}
+
+/// Opens the ingest log of each flow the service runs: the seam where a log
+/// on a shared broker (Kafka, NATS JetStream) plugs in. `LocalLogs` is the
+/// default; `tests/ingest_log.rs` runs the service on a log in memory.
+pub trait LogFactory: Send + Sync {
+    /// The stable identity of `flow`'s log. The target records the log's
+    /// committed offset under it, so it must be the same after a restart.
+    fn identity(&self, flow: &str) -> Result<String>;
+
+    /// Opens `flow`'s log. Records through `committed` are in the target
+    /// already; offsets after it must never be reused. `max_bytes` is the
+    /// flow's `max_log_bytes`.
+    fn open(&self, flow: &str, committed: i64, max_bytes: u64) -> Result<Arc<dyn IngestLog>>;
+}
+
+/// Segment files roll at this size (smaller for a small `max_log_bytes`).
+const SEGMENT_BYTES: u64 = 64 << 20;
+/// Appends waiting for the writer thread, per flow.
+const QUEUE: usize = 1024;
+
+/// A `LocalLog` per flow in `<root>/<flow>/wal`.
+pub struct LocalLogs {
+    root: PathBuf,
+    faults: Arc<Faults>,
+}
+
+impl LocalLogs {
+    pub fn new(root: impl Into<PathBuf>, faults: Arc<Faults>) -> LocalLogs {
+        LocalLogs {
+            root: root.into(),
+            faults,
+        }
+    }
+
+    /// The folder of `flow`'s log.
+    pub fn dir(&self, flow: &str) -> PathBuf {
+        self.root.join(flow).join("wal")
+    }
+}
+
+impl LogFactory for LocalLogs {
+    fn identity(&self, flow: &str) -> Result<String> {
+        identity(&self.dir(flow))
+    }
+
+    fn open(&self, flow: &str, committed: i64, max_bytes: u64) -> Result<Arc<dyn IngestLog>> {
+        Ok(Arc::new(LocalLog::open_with_faults(
+            &self.dir(flow),
+            committed,
+            (max_bytes / 8).clamp(16 << 10, SEGMENT_BYTES),
+            max_bytes,
+            QUEUE,
+            self.faults.clone(),
+        )?))
+    }
 }
 
 /// The identity of the log in `dir`: a UUID made when the log is created
