@@ -13,8 +13,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
-use arrow_select::take::take;
+use arrow_array::{ArrayRef, RecordBatch};
 use futures::TryStreamExt;
 use iceberg::arrow::schema_to_arrow_schema;
 use iceberg::io::FileIO;
@@ -26,15 +25,14 @@ use serde::Serialize;
 
 use crate::core::flow::{Flow, START_AT};
 use crate::core::from_snapshot;
-use crate::core::history::{self, HistCodec, History};
 use crate::core::offsets::{self, LogRef, Offsets, PROP_INPUT_OFFSETS};
-use crate::core::resolve::{self, BatchStats, Codec, Resolution};
-use crate::core::state::FileTable;
-use crate::core::state::{KeyIndex, Loc};
+use crate::core::resolve::{self, BatchStats, Codec};
+use crate::core::state::Loc;
 use crate::core::truncate;
 use crate::error::{Error, Result, codes};
 use crate::fault::{FaultPoint, Faults};
 use crate::table::catalog::{Catalog, TableState};
+use crate::table::flow_state::{FlowState, Plan};
 use crate::table::row_delta::{self, RowDelta};
 use crate::table::state_table;
 use crate::table::write::{self, FileNamer, Partitioner};
@@ -57,10 +55,6 @@ pub enum Input<'a> {
     Changes(&'a RecordBatch),
     Snapshot { rows: &'a RecordBatch, version: i64 },
 }
-
-/// The state log is rewritten whole once it holds this many times more rows than keys.
-const STATE_COMPACTION_RATIO: u64 = 3;
-const STATE_COMPACTION_MIN_ROWS: u64 = 100_000;
 
 /// What one `apply` did.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -133,18 +127,6 @@ fn ms_since(t: &mut std::time::Instant) -> f64 {
     ms
 }
 
-/// `schema` with every top-level field nullable.
-fn nullable(schema: &arrow_schema::SchemaRef) -> arrow_schema::SchemaRef {
-    Arc::new(arrow_schema::Schema::new_with_metadata(
-        schema
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone().with_nullable(true))
-            .collect::<Vec<_>>(),
-        schema.metadata().clone(),
-    ))
-}
-
 /// The truncate floor as a JSON object of the sequence columns, so it reads
 /// back whatever the row format's version.
 fn floor_to_json(flow: &Flow, codec: &Codec, floor: &[u8]) -> Result<String> {
@@ -186,7 +168,15 @@ fn floor_from_json(flow: &Flow, codec: &Codec, json: &str) -> Result<Box<[u8]>> 
     Ok(rows.row(0).data().into())
 }
 
-impl Input<'_> {
+impl<'a> Input<'a> {
+    /// The rows: the changes, or the whole snapshot.
+    fn rows_batch(&self) -> &'a RecordBatch {
+        match *self {
+            Input::Changes(b) => b,
+            Input::Snapshot { rows, .. } => rows,
+        }
+    }
+
     fn rows(&self) -> usize {
         match self {
             Input::Changes(b) => b.num_rows(),
@@ -195,35 +185,38 @@ impl Input<'_> {
     }
 }
 
-/// One batch resolved, by the resolver the flow uses.
-enum Planned {
-    /// SCD Type 1: the winning change per key.
-    Keys(Resolution),
-    /// History flows: events per key, folded into target rows.
-    History(history::Plan),
+/// A batch resolved, before anything is written.
+struct Planned {
+    plan: Plan,
+    /// The batch the plan's rows refer to, when a truncate or a snapshot
+    /// diff rewrote the input.
+    rewritten: Option<RecordBatch>,
+    /// Truncate flows: the floor after this batch.
+    floor: Option<Option<Box<[u8]>>>,
+    floor_raised: bool,
+    snapshot_version: Option<i64>,
 }
 
-impl Planned {
-    fn stats(&self) -> BatchStats {
-        match self {
-            Planned::Keys(r) => r.stats,
-            Planned::History(p) => p.stats,
-        }
-    }
+/// The target files of one commit, written and not yet committed.
+struct TargetFiles {
+    data: Vec<DataFile>,
+    deletes: Vec<DataFile>,
+    /// Where each inserted row went.
+    locs: Vec<Loc>,
+    rows: u64,
+    /// (spec id, partition) of each new data file.
+    partitions: Vec<(String, (i32, Struct))>,
+}
 
-    fn stats_mut(&mut self) -> &mut BatchStats {
-        match self {
-            Planned::Keys(r) => &mut r.stats,
-            Planned::History(p) => &mut p.stats,
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        match self {
-            Planned::Keys(r) => r.changes.is_empty(),
-            Planned::History(p) => p.changes.is_empty(),
-        }
-    }
+/// The state table's commit for one batch.
+struct StateCommit {
+    table: TableState,
+    snapshot_id: i64,
+    generation: i64,
+    /// The state log was rewritten whole.
+    compacted: bool,
+    /// Rows in the state log after this commit.
+    log_rows: u64,
 }
 
 /// The key state as a user sees it (`autocdc state`).
@@ -248,11 +241,8 @@ pub struct Engine {
     target: TableState,
     state_tbl: TableState,
     state_snapshot: Option<i64>,
-    state: KeyIndex,
-    /// Flows that keep history (SCD Type 2, ignore_null_updates): their
-    /// value encoders and per-key events; `state` stays empty for them.
-    hc: Option<HistCodec>,
-    hist: History,
+    /// The key index (SCD Type 1) or the per-key events (history flows).
+    state: FlowState,
     /// `apply_as_truncates`: changes below this sequence (row-encoded) are stale.
     floor: Option<Box<[u8]>>,
     /// `from_snapshot`: the version of the last snapshot applied.
@@ -462,13 +452,7 @@ impl Engine {
             marker.as_ref().and_then(|m| num(m, PROP_INPUT_OFFSET)),
             log.as_ref(),
         );
-        let mut state = KeyIndex::new();
-        let hc = if flow.keeps_history() {
-            Some(HistCodec::new(&flow)?)
-        } else {
-            None
-        };
-        let mut hist = History::default();
+        let mut state = FlowState::new(&flow)?;
         let mut state_log_rows = 0;
         if let Some(sid) = state_snapshot {
             if state_tbl.metadata.snapshot_by_id(sid).is_none() {
@@ -490,12 +474,7 @@ impl Engine {
                 .await?
                 .try_collect()
                 .await?;
-            state_log_rows = match &hc {
-                Some(hc) => {
-                    state_table::load_history(&flow, &codec, hc, &mut hist, &batches)? as u64
-                }
-                None => state_table::load(&flow, &codec, &mut state, &batches)? as u64,
-            };
+            state_log_rows = state.load(&flow, &codec, &batches)?;
         }
         let partitioner = Partitioner::new(
             target.metadata.default_partition_spec().clone(),
@@ -534,8 +513,6 @@ impl Engine {
             state_tbl,
             state_snapshot,
             state,
-            hc,
-            hist,
             generation,
             input_offset,
             log,
@@ -550,84 +527,27 @@ impl Engine {
             // files no longer live are removed by key (equality delete).
             engine.load_file_partitions().await?;
             let live = engine.file_partitions.as_ref().expect("loaded");
-            engine.gone_files = engine.state.files.mark_gone(|p| live.contains_key(p))
-                + engine.hist.files.mark_gone(|p| live.contains_key(p));
+            engine.gone_files = engine.state.files_mut().mark_gone(|p| live.contains_key(p));
         }
         Ok(engine)
-    }
-
-    pub fn state(&self) -> &KeyIndex {
-        &self.state
     }
 
     pub fn target(&self) -> &TableState {
         &self.target
     }
 
-    pub fn history(&self) -> &History {
-        &self.hist
-    }
-
-    /// (key, sequence, fingerprint) of the latest change of every live key.
-    fn live_keys(&self) -> Vec<(&[u8], &[u8], u64)> {
-        match &self.hc {
-            Some(_) => self
-                .hist
-                .iter()
-                .filter_map(|(k, e)| {
-                    e.last()
-                        .filter(|e| !e.is_delete())
-                        .map(|e| (k, &*e.seq, e.fp))
-                })
-                .collect(),
-            None => self
-                .state
-                .iter()
-                .filter(|e| matches!(e.value, crate::core::state::Value::Live(_)))
-                .map(|e| (e.key, e.seq, e.fingerprint))
-                .collect(),
-        }
-    }
-
-    /// The interned data files of whichever state this flow keeps.
-    fn files_mut(&mut self) -> &mut FileTable {
-        if self.hc.is_some() {
-            &mut self.hist.files
-        } else {
-            &mut self.state.files
-        }
-    }
-
-    fn files(&self) -> &FileTable {
-        if self.hc.is_some() {
-            &self.hist.files
-        } else {
-            &self.state.files
-        }
-    }
-
     pub fn summary(&self) -> StateSummary {
-        if self.hc.is_some() {
-            let keys = self.hist.len();
-            let live = self.hist.live();
-            return StateSummary {
-                keys,
-                live,
-                tombstones: keys - live,
-                bytes: self.hist.heap_bytes(),
-                bytes_per_key: self.hist.heap_bytes() as f64 / keys.max(1) as f64,
-                state_snapshot_id: self.state_snapshot,
-                generation: self.generation,
-                input_offset: self.input_offset,
-                complete: self.state_complete,
-            };
-        }
+        let sizes = self.state.sizes();
         StateSummary {
-            keys: self.state.len(),
-            live: self.state.live(),
-            tombstones: self.state.tombstones(),
-            bytes: self.state.heap_bytes(),
-            bytes_per_key: self.state.bytes_per_key(),
+            keys: sizes.keys,
+            live: sizes.live,
+            tombstones: sizes.keys - sizes.live,
+            bytes: sizes.bytes,
+            bytes_per_key: if sizes.keys == 0 {
+                0.0
+            } else {
+                sizes.bytes as f64 / sizes.keys as f64
+            },
             state_snapshot_id: self.state_snapshot,
             generation: self.generation,
             input_offset: self.input_offset,
@@ -747,6 +667,9 @@ impl Engine {
         }
     }
 
+    /// One attempt at a batch, in the phases of the commit protocol:
+    /// plan → write target files → persist state → commit target → publish.
+    /// Maintenance work (compaction, expiry) goes in as phases of its own.
     async fn try_apply_at(
         &mut self,
         input: Input<'_>,
@@ -763,111 +686,166 @@ impl Engine {
             }));
         }
         let mut clock = std::time::Instant::now();
-        let batch = match input {
-            Input::Changes(b) => b,
-            Input::Snapshot { rows, .. } => rows,
+        if let Some(report) = self.skip_old_snapshot(input) {
+            return Ok(report);
+        }
+        let planned = self.plan(input, now_ms)?;
+        let mut report = CommitReport {
+            stats: planned.plan.stats(),
+            input_offset: self.input_offset,
+            snapshot_version: planned.snapshot_version,
+            ..Default::default()
         };
+        report.timings.resolve_ms = ms_since(&mut clock);
+        // A raised truncate floor or a new snapshot version is committed
+        // even when no row changes (no files are written then).
+        if planned.plan.is_empty() && !planned.floor_raised && planned.snapshot_version.is_none() {
+            return Ok(report);
+        }
+        self.poisoned = true;
+        let batch = planned.rewritten.as_ref().unwrap_or(input.rows_batch());
+        let files = self.write_target_files(batch, &planned.plan).await?;
+        report.timings.target_files_ms = ms_since(&mut clock);
+        report.data_files = files.data.len();
+        report.delete_files = files.deletes.len();
+        report.rows_written = files.rows;
+        report.bytes_written = files
+            .data
+            .iter()
+            .chain(&files.deletes)
+            .map(|f| f.file_size_in_bytes())
+            .sum();
+
+        let state = self
+            .persist_state(planned.plan, &files.locs, now_ms, &mut report, &mut clock)
+            .await?;
+        let offsets = match &self.log {
+            Some(log) => offsets::record(&self.offsets, log, input_offset, now_ms),
+            None => self.offsets.clone(),
+        };
+        let (target, snapshot_id) = self
+            .commit_target(
+                files.data,
+                files.deletes,
+                &state,
+                &offsets,
+                planned.floor.as_ref().and_then(|f| f.as_deref()),
+                planned.snapshot_version,
+                input_offset,
+                now_ms,
+            )
+            .await?;
+        report.timings.commits_ms = ms_since(&mut clock);
+        report.snapshot_id = Some(snapshot_id);
+        report.input_offset = input_offset;
+        report.state_compacted = state.compacted;
+        self.publish(
+            target,
+            state,
+            offsets,
+            files.partitions,
+            planned.floor,
+            planned.snapshot_version,
+            input_offset,
+        );
+        Ok(report)
+    }
+
+    /// A snapshot whose version is not above the last one applied is
+    /// skipped; its report says so.
+    fn skip_old_snapshot(&self, input: Input<'_>) -> Option<CommitReport> {
+        let (Input::Snapshot { rows, version }, Some(have)) = (input, self.snapshot_version) else {
+            return None;
+        };
+        (version <= have).then(|| CommitReport {
+            stats: BatchStats {
+                rows_in: rows.num_rows() as u64,
+                stale: rows.num_rows() as u64,
+                ..Default::default()
+            },
+            input_offset: self.input_offset,
+            snapshot_version: Some(version),
+            skipped_for_version: Some(have),
+            ..Default::default()
+        })
+    }
+
+    /// Phase 1, plan: a snapshot becomes its changes, truncates rewrite the
+    /// batch, and the flow's resolver turns it into a `Plan`. Nothing changes.
+    fn plan(&self, input: Input<'_>, now_ms: i64) -> Result<Planned> {
+        let batch = input.rows_batch();
         let snapshot_version = match input {
             Input::Snapshot { version, .. } => Some(version),
             Input::Changes(_) => None,
         };
-        if let (Some(v), Some(have)) = (snapshot_version, self.snapshot_version)
-            && v <= have
-        {
-            return Ok(CommitReport {
-                stats: BatchStats {
-                    rows_in: batch.num_rows() as u64,
-                    stale: batch.num_rows() as u64,
-                    ..Default::default()
-                },
-                input_offset: self.input_offset,
-                snapshot_version: Some(v),
-                skipped_for_version: Some(have),
-                ..Default::default()
-            });
-        }
         let diffed = match snapshot_version {
-            Some(version) => {
-                let live = self.live_keys();
-                Some(from_snapshot::diff(
-                    &self.flow,
-                    &self.codec,
-                    batch,
-                    version,
-                    live.into_iter().map(|(k, _, fp)| (k, fp)),
-                )?)
-            }
+            Some(version) => Some(from_snapshot::diff(
+                &self.flow,
+                &self.codec,
+                batch,
+                version,
+                self.state.live_keys().into_iter().map(|(k, _, fp)| (k, fp)),
+            )?),
             None => None,
         };
         let truncated = match &self.flow.truncates {
             Some(_) => {
                 resolve::validate(&self.flow, batch)?;
-                let live = self.live_keys();
                 Some(truncate::rewrite(
                     &self.flow,
                     &self.codec,
                     batch,
                     self.floor.as_deref(),
-                    live.into_iter().map(|(k, seq, _)| (k, seq)),
+                    self.state
+                        .live_keys()
+                        .into_iter()
+                        .map(|(k, seq, _)| (k, seq)),
                 )?)
             }
             None => None,
         };
-
-        let (batch, forced, origin) = match (&truncated, &diffed) {
+        let (resolved, forced, origin) = match (&truncated, &diffed) {
             (Some(t), _) => (&t.batch, Some(&t.forced_deletes), Some(&t.origin)),
             (_, Some(d)) => (&d.batch, Some(&d.forced_deletes), Some(&d.origin)),
             _ => (batch, None, None),
         };
-        let planned = match &self.hc {
-            Some(hc) => history::resolve(
+        let mut plan = self
+            .state
+            .plan(
                 &self.flow,
                 &self.codec,
-                hc,
-                batch,
-                &self.hist,
+                resolved,
                 self.state_complete,
                 now_ms,
                 forced,
             )
-            .map(Planned::History),
-            None => resolve::resolve(
-                &self.flow,
-                &self.codec,
-                batch,
-                &self.state,
-                self.state_complete,
-                forced,
-            )
-            .map(Planned::Keys),
-        };
-        // Errors name the row of the input, not of the rewritten batch.
-        let mut planned = planned.map_err(|e| match (e, origin) {
-            (
-                Error::Batch {
+            // Errors name the row of the input, not of the rewritten batch.
+            .map_err(|e| match (e, origin) {
+                (
+                    Error::Batch {
+                        code,
+                        flow,
+                        row,
+                        column,
+                        message,
+                    },
+                    Some(origin),
+                ) => Error::Batch {
                     code,
                     flow,
-                    row,
+                    row: origin.get(row).copied().flatten().unwrap_or(0) as usize,
                     column,
                     message,
                 },
-                Some(origin),
-            ) => Error::Batch {
-                code,
-                flow,
-                row: origin.get(row).copied().flatten().unwrap_or(0) as usize,
-                column,
-                message,
-            },
-            (e, _) => e,
-        })?;
+                (e, _) => e,
+            })?;
         if let Some(d) = &diffed {
-            let stats = planned.stats_mut();
+            let stats = plan.stats_mut();
             stats.rows_in = input.rows() as u64;
             stats.unchanged = d.unchanged;
         }
         if let Some(t) = &truncated {
-            let stats = planned.stats_mut();
+            let stats = plan.stats_mut();
             stats.rows_in = input.rows() as u64;
             stats.stale += t.below_floor;
             stats.truncates = t.truncates;
@@ -875,64 +853,51 @@ impl Engine {
             stats.truncated = t.removed;
         }
         let floor_raised = truncated.as_ref().is_some_and(|t| t.raised);
-        let mut report = CommitReport {
-            stats: planned.stats(),
-            input_offset: self.input_offset,
-            ..Default::default()
+        let (rewritten, floor) = match (truncated, diffed) {
+            (Some(t), _) => (Some(t.batch), Some(t.floor)),
+            (None, Some(d)) => (Some(d.batch), None),
+            (None, None) => (None, None),
         };
-        report.timings.resolve_ms = ms_since(&mut clock);
-        report.snapshot_version = snapshot_version;
-        // A raised truncate floor or a new snapshot version is committed
-        // even when no row changes (no files are written then).
-        if planned.is_empty() && !floor_raised && snapshot_version.is_none() {
-            return Ok(report);
-        }
-        self.poisoned = true;
+        Ok(Planned {
+            plan,
+            rewritten,
+            floor,
+            floor_raised,
+            snapshot_version,
+        })
+    }
+
+    /// Phase 2, write target files: the new rows (every row's file and
+    /// position is known from here on), then the deletes of the rows they
+    /// replace.
+    async fn write_target_files(
+        &mut self,
+        batch: &RecordBatch,
+        plan: &Plan,
+    ) -> Result<TargetFiles> {
         let file_io = self.catalog.file_io().clone();
         let meta = self.target.metadata.clone();
         let schema = meta.current_schema().clone();
         let spec_id = meta.default_partition_spec_id();
         let mut namer = FileNamer::new(meta.location());
-
-        // 1. Target files: new rows, then deletes of the rows they replace.
         let target_arrow = Arc::new(schema_to_arrow_schema(&schema)?);
-        let (rows, removed_positions, removed_rows) = match &planned {
-            Planned::Keys(res) => (
-                self.project(batch, &res.inserts)?,
-                res.remove_positions.clone(),
-                self.project(batch, &res.remove_keys)?,
-            ),
-            Planned::History(p) => {
-                let hc = self.hc.as_ref().expect("history flow");
-                (
-                    history::rows_batch(&self.flow, &self.codec, hc, &target_arrow, &p.inserts)?,
-                    p.remove_positions.clone(),
-                    // Only the keys (and __START_AT) of these rows are known:
-                    // the other columns may be null, required or not.
-                    history::rows_batch(
-                        &self.flow,
-                        &self.codec,
-                        hc,
-                        &nullable(&target_arrow),
-                        &p.remove_rows,
-                    )?,
-                )
-            }
-        };
+        let rows = self
+            .state
+            .target_rows(&self.flow, &self.codec, &target_arrow, batch, plan)?;
         let written = write::data_files(
             &file_io,
             &mut namer,
             schema.clone(),
             spec_id,
             self.partitioner.as_deref(),
-            &rows,
+            &rows.inserts,
             self.flow.target_file_size_bytes,
         )
         .await?;
-        let data = written.files;
-        let ids: Vec<u32> = data
+        let ids: Vec<u32> = written
+            .files
             .iter()
-            .map(|f| self.files_mut().intern(f.file_path()))
+            .map(|f| self.state.files_mut().intern(f.file_path()))
             .collect();
         let locs: Vec<Loc> = written
             .locs
@@ -944,80 +909,52 @@ impl Engine {
             .collect();
         debug_assert_eq!(
             locs.len(),
-            rows.num_rows(),
+            rows.inserts.num_rows(),
             "every inserted row has a position"
         );
         let deletes = self
-            .delete_files(&file_io, &mut namer, &removed_positions, &removed_rows)
+            .delete_files(
+                &file_io,
+                &mut namer,
+                &rows.remove_positions,
+                &rows.remove_rows,
+            )
             .await?;
-        let new_partitions: Vec<(String, (i32, Struct))> = data
+        let partitions = written
+            .files
             .iter()
             .map(|f| (f.file_path().to_string(), (spec_id, f.partition().clone())))
             .collect();
         self.faults.hit(FaultPoint::AfterTargetFiles)?;
-        report.timings.target_files_ms = ms_since(&mut clock);
+        Ok(TargetFiles {
+            data: written.files,
+            deletes,
+            locs,
+            rows: rows.inserts.num_rows() as u64,
+            partitions,
+        })
+    }
 
-        // 2. The new state, and its delta in the state table.
+    /// Phase 3, persist state: apply the plan to the in-memory state, write
+    /// its delta (or, when the log has grown too long, all of it) to the
+    /// state table and commit it. The target commit names this snapshot.
+    async fn persist_state(
+        &mut self,
+        plan: Plan,
+        locs: &[Loc],
+        now_ms: i64,
+        report: &mut CommitReport,
+        clock: &mut std::time::Instant,
+    ) -> std::result::Result<StateCommit, Failure> {
         let cutoff = now_ms.saturating_sub(self.flow.tombstone_gc.as_millis() as i64);
         let generation = self.generation + 1;
-        let (compact, delta) = match planned {
-            Planned::Keys(res) => {
-                resolve::apply(&mut self.state, &res, &locs, now_ms);
-                report.tombstones_collected = self.state.gc_tombstones(cutoff);
-                let compact = self.state_log_rows + self.state.dirty_len() as u64
-                    > (STATE_COMPACTION_RATIO * self.state.len() as u64)
-                        .max(STATE_COMPACTION_MIN_ROWS);
-                let delta = if compact {
-                    state_table::to_batch(
-                        &self.flow,
-                        &self.codec,
-                        &self.state,
-                        self.state.iter(),
-                        generation,
-                    )?
-                } else {
-                    state_table::to_batch(
-                        &self.flow,
-                        &self.codec,
-                        &self.state,
-                        self.state.dirty(),
-                        generation,
-                    )?
-                };
-                (compact, delta)
-            }
-            Planned::History(plan) => {
-                history::apply(&mut self.hist, plan, &locs);
-                if !self.flow.scd2 {
-                    report.tombstones_collected = self.hist.gc_tombstones(cutoff);
-                }
-                let hc = self.hc.as_ref().expect("history flow");
-                let compact = self.state_log_rows + self.hist.dirty_len() as u64
-                    > (STATE_COMPACTION_RATIO * self.hist.events() as u64)
-                        .max(STATE_COMPACTION_MIN_ROWS);
-                let delta = if compact {
-                    state_table::history_to_batch(
-                        &self.flow,
-                        &self.codec,
-                        hc,
-                        &self.hist,
-                        self.hist.iter(),
-                        generation,
-                    )?
-                } else {
-                    state_table::history_to_batch(
-                        &self.flow,
-                        &self.codec,
-                        hc,
-                        &self.hist,
-                        self.hist.dirty(),
-                        generation,
-                    )?
-                };
-                (compact, delta)
-            }
-        };
-        report.timings.state_apply_ms = ms_since(&mut clock);
+        report.tombstones_collected = self.state.apply(&self.flow, plan, locs, now_ms, cutoff);
+        let compacted = self.state.needs_compaction(self.state_log_rows);
+        let delta = self
+            .state
+            .delta(&self.flow, &self.codec, generation, compacted)?;
+        report.timings.state_apply_ms = ms_since(clock);
+        let file_io = self.catalog.file_io().clone();
         let smeta = self.state_tbl.metadata.clone();
         let delta = RecordBatch::try_new(
             Arc::new(schema_to_arrow_schema(smeta.current_schema())?),
@@ -1033,7 +970,7 @@ impl Engine {
         )
         .await?;
         self.faults.hit(FaultPoint::AfterStateFile)?;
-        report.timings.state_file_ms = ms_since(&mut clock);
+        report.timings.state_file_ms = ms_since(clock);
         let produced = row_delta::produce(
             &file_io,
             &self.state_tbl,
@@ -1041,7 +978,7 @@ impl Engine {
                 data: sfile.into_iter().collect(),
                 deletes: Vec::new(),
                 base_snapshot: self.state_snapshot,
-                replace: compact,
+                replace: compacted,
                 properties: HashMap::from([
                     (PROP_FLOW.to_string(), self.flow.name.clone()),
                     (PROP_GENERATION.to_string(), generation.to_string()),
@@ -1050,119 +987,130 @@ impl Engine {
             },
         )
         .await?;
-        let state_snapshot = produced.snapshot_id;
+        let snapshot_id = produced.snapshot_id;
         // Another writer of this flow (a second instance) may have committed
         // the state table first: reload and rebuild, as for the target.
-        let state_tbl = self
+        let table = self
             .catalog
             .commit(&self.state_tbl, produced.updates, produced.requirements)
             .await
             .map_err(|error| match error {
-                Error::CommitConflict(_) | Error::Unavailable(_) => Failure::AtCommit {
-                    error,
-                    snapshot_id: state_snapshot,
-                },
+                Error::CommitConflict(_) | Error::Unavailable(_) => {
+                    Failure::AtCommit { error, snapshot_id }
+                }
                 error => Failure::Other(error),
             })?;
         self.faults.hit(FaultPoint::AfterStateCommit)?;
+        let delta_rows = delta.num_rows() as u64;
+        Ok(StateCommit {
+            table,
+            snapshot_id,
+            generation,
+            compacted,
+            log_rows: if compacted {
+                delta_rows
+            } else {
+                self.state_log_rows + delta_rows
+            },
+        })
+    }
 
-        // 3. The target, naming the state snapshot it goes with and the
-        // offset of each ingest log.
-        let offsets = match &self.log {
-            Some(log) => offsets::record(&self.offsets, log, input_offset, now_ms),
-            None => self.offsets.clone(),
-        };
-        let offsets_json = match offsets.is_empty() {
-            true => None,
-            false => Some(offsets::to_json(&offsets)?),
-        };
-        report.data_files = data.len();
-        report.delete_files = deletes.len();
-        report.rows_written = rows.num_rows() as u64;
-        report.bytes_written = data
-            .iter()
-            .chain(&deletes)
-            .map(|f| f.file_size_in_bytes())
-            .sum();
+    /// Phase 4, commit target: one row-delta snapshot naming the state
+    /// snapshot it goes with and the offset of each ingest log.
+    #[allow(clippy::too_many_arguments)]
+    async fn commit_target(
+        &self,
+        data: Vec<DataFile>,
+        deletes: Vec<DataFile>,
+        state: &StateCommit,
+        offsets: &Offsets,
+        floor: Option<&[u8]>,
+        snapshot_version: Option<i64>,
+        input_offset: i64,
+        now_ms: i64,
+    ) -> std::result::Result<(TableState, i64), Failure> {
+        let mut properties = HashMap::from([
+            (PROP_FLOW.to_string(), self.flow.name.clone()),
+            (
+                PROP_STATE_SNAPSHOT.to_string(),
+                state.snapshot_id.to_string(),
+            ),
+            (PROP_INPUT_OFFSET.to_string(), input_offset.to_string()),
+            (PROP_GENERATION.to_string(), state.generation.to_string()),
+            (
+                PROP_STATE_COMPLETE.to_string(),
+                self.state_complete.to_string(),
+            ),
+        ]);
+        if !offsets.is_empty() {
+            properties.insert(PROP_INPUT_OFFSETS.to_string(), offsets::to_json(offsets)?);
+        }
+        if let Some(f) = floor {
+            properties.insert(
+                PROP_TRUNCATED_BELOW.to_string(),
+                floor_to_json(&self.flow, &self.codec, f)?,
+            );
+        }
+        if let Some(v) = snapshot_version.or(self.snapshot_version) {
+            properties.insert(PROP_SNAPSHOT_VERSION.to_string(), v.to_string());
+        }
         let produced = row_delta::produce(
-            &file_io,
+            self.catalog.file_io(),
             &self.target,
             RowDelta {
                 data,
                 deletes,
-                base_snapshot: meta.current_snapshot_id(),
+                base_snapshot: self.target.metadata.current_snapshot_id(),
                 replace: false,
-                properties: HashMap::from([
-                    (PROP_FLOW.to_string(), self.flow.name.clone()),
-                    (PROP_STATE_SNAPSHOT.to_string(), state_snapshot.to_string()),
-                    (PROP_INPUT_OFFSET.to_string(), input_offset.to_string()),
-                    (PROP_GENERATION.to_string(), generation.to_string()),
-                    (
-                        PROP_STATE_COMPLETE.to_string(),
-                        self.state_complete.to_string(),
-                    ),
-                ])
-                .into_iter()
-                .chain(offsets_json.map(|j| (PROP_INPUT_OFFSETS.to_string(), j)))
-                .chain(match truncated.as_ref().and_then(|t| t.floor.as_deref()) {
-                    Some(f) => Some((
-                        PROP_TRUNCATED_BELOW.to_string(),
-                        floor_to_json(&self.flow, &self.codec, f)?,
-                    )),
-                    None => None,
-                })
-                .chain(
-                    snapshot_version
-                        .or(self.snapshot_version)
-                        .map(|v| (PROP_SNAPSHOT_VERSION.to_string(), v.to_string())),
-                )
-                .collect(),
+                properties,
                 now_ms,
             },
         )
         .await?;
-        let target_snapshot = produced.snapshot_id;
+        let snapshot_id = produced.snapshot_id;
         let target = self
             .catalog
             .commit(&self.target, produced.updates, produced.requirements)
             .await
             .map_err(|error| match error {
                 Error::InjectedFault(_) => Failure::Other(error),
-                error => Failure::AtCommit {
-                    error,
-                    snapshot_id: target_snapshot,
-                },
+                error => Failure::AtCommit { error, snapshot_id },
             })?;
         self.faults.hit(FaultPoint::AfterTargetCommit)?;
-        report.timings.commits_ms = ms_since(&mut clock);
+        Ok((target, snapshot_id))
+    }
 
-        self.state_log_rows = if compact {
-            delta.num_rows() as u64
-        } else {
-            self.state_log_rows + delta.num_rows() as u64
-        };
-        self.state.clear_dirty();
-        self.hist.clear_dirty();
-        self.state_tbl = state_tbl;
-        self.target = target;
-        self.state_snapshot = Some(state_snapshot);
-        self.generation = generation;
-        self.input_offset = input_offset;
+    /// Phase 5, publish: both commits landed; the engine takes on the new
+    /// tables, generation, offsets, floor and version.
+    #[allow(clippy::too_many_arguments)]
+    fn publish(
+        &mut self,
+        target: TableState,
+        state: StateCommit,
+        offsets: Offsets,
+        partitions: Vec<(String, (i32, Struct))>,
+        floor: Option<Option<Box<[u8]>>>,
+        snapshot_version: Option<i64>,
+        input_offset: i64,
+    ) {
         self.offsets = offsets;
-        if let Some(t) = truncated {
-            self.floor = t.floor;
+        self.state_log_rows = state.log_rows;
+        self.state.clear_dirty();
+        self.state_tbl = state.table;
+        self.target = target;
+        self.state_snapshot = Some(state.snapshot_id);
+        self.generation = state.generation;
+        self.input_offset = input_offset;
+        if let Some(floor) = floor {
+            self.floor = floor;
         }
         if snapshot_version.is_some() {
             self.snapshot_version = snapshot_version;
         }
         self.poisoned = false;
         if let Some(map) = &mut self.file_partitions {
-            map.extend(new_partitions);
+            map.extend(partitions);
         }
-        report.snapshot_id = Some(target_snapshot);
-        report.input_offset = input_offset;
-        report.state_compacted = compact;
-        Ok(report)
     }
 
     /// Delete files for the rows a resolution removes: position deletes for
@@ -1205,7 +1153,7 @@ impl Engine {
         let Some(partitioner) = self.partitioner.clone() else {
             let pos: Vec<(&str, u32)> = remove_positions
                 .iter()
-                .map(|l| (self.files().path(l.file), l.pos))
+                .map(|l| (self.state.files().path(l.file), l.pos))
                 .collect();
             let none = Struct::empty();
             out.extend(write::position_delete_file(file_io, namer, spec_id, &none, "", pos).await?);
@@ -1230,7 +1178,7 @@ impl Engine {
         // Position deletes, grouped by the partition of the file they point into.
         let mut by_part: HashMap<&Struct, Vec<(&str, u32)>> = HashMap::new();
         for l in remove_positions {
-            let path = self.files().path(l.file);
+            let path = self.state.files().path(l.file);
             let Some((spec, part)) = parts.get(path) else {
                 return Err(Error::State {
                     code: codes::UNKNOWN_FILE,
@@ -1338,37 +1286,6 @@ impl Engine {
         }
         self.file_partitions = Some(map);
         Ok(())
-    }
-
-    /// The rows `rows` of `batch`, in the target table's Arrow schema.
-    fn project(&self, batch: &RecordBatch, rows: &[u32]) -> Result<RecordBatch> {
-        let arrow = Arc::new(schema_to_arrow_schema(
-            self.target.metadata.current_schema(),
-        )?);
-        let idx = UInt32Array::from(rows.to_vec());
-        let cols = arrow
-            .fields()
-            .iter()
-            .map(|f| {
-                let src = self
-                    .flow
-                    .target_cols
-                    .iter()
-                    .copied()
-                    .find(|&c| self.flow.column_name(c) == f.name())
-                    .ok_or_else(|| Error::State {
-                        code: codes::SCHEMA_DRIFT,
-                        message: format!(
-                            "target column `{}` is not produced by flow `{}`",
-                            f.name(),
-                            self.flow.name
-                        ),
-                    })?;
-                let a = take(batch.column(src).as_ref(), &idx, None)?;
-                Ok(arrow_cast::cast(&a, f.data_type())?)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(RecordBatch::try_new(arrow, cols)?)
     }
 
     /// All rows of the target's current snapshot, through a real Iceberg scan.

@@ -4,6 +4,7 @@
 
 pub mod catalog;
 pub mod engine;
+pub mod flow_state;
 pub mod row_delta;
 pub mod state_table;
 pub mod storage;

@@ -1,0 +1,334 @@
+//! The state one flow keeps, behind one type: a key index (SCD Type 1, one
+//! entry per key) or per-key events (SCD Type 2 and `ignore_null_updates`).
+//! Each operation the engine needs (plan a batch, apply a plan, turn the
+//! changed entries into the state table's delta, load it back) is a method
+//! here, so the engine never asks which kind it holds.
+
+use std::sync::Arc;
+
+use arrow_array::{BooleanArray, RecordBatch, UInt32Array};
+use arrow_schema::SchemaRef;
+use arrow_select::take::take;
+
+use crate::core::flow::Flow;
+use crate::core::history::{self, HistCodec, History};
+use crate::core::resolve::{self, BatchStats, Codec, Resolution};
+use crate::core::state::{FileTable, KeyIndex, Loc, Value};
+use crate::error::{Error, Result, codes};
+use crate::table::state_table;
+
+/// The state log is rewritten whole once it holds this many times more rows
+/// than it has entries (and at least `COMPACTION_MIN_ROWS`).
+const COMPACTION_RATIO: u64 = 3;
+const COMPACTION_MIN_ROWS: u64 = 100_000;
+
+pub enum FlowState {
+    /// SCD Type 1: per key the latest change's sequence, fingerprint and
+    /// live row (or tombstone).
+    Keys(KeyIndex),
+    /// History flows: per key its applied changes in sequence order, with
+    /// the value encoders.
+    History { codec: HistCodec, events: History },
+}
+
+/// One batch resolved by the flow's resolver.
+pub enum Plan {
+    Keys(Resolution),
+    History(history::Plan),
+}
+
+/// The target rows a plan writes and removes.
+pub struct TargetRows {
+    /// New rows, in the target's Arrow schema.
+    pub inserts: RecordBatch,
+    /// Rows removed by position.
+    pub remove_positions: Vec<Loc>,
+    /// Rows removed by equality delete (keys, and `__START_AT` for SCD2).
+    pub remove_rows: RecordBatch,
+}
+
+/// Sizes for `autocdc state` and the service status.
+#[derive(Debug, Clone, Copy)]
+pub struct Sizes {
+    pub keys: usize,
+    pub live: usize,
+    pub bytes: usize,
+}
+
+impl Plan {
+    pub fn stats(&self) -> BatchStats {
+        match self {
+            Plan::Keys(r) => r.stats,
+            Plan::History(p) => p.stats,
+        }
+    }
+
+    pub fn stats_mut(&mut self) -> &mut BatchStats {
+        match self {
+            Plan::Keys(r) => &mut r.stats,
+            Plan::History(p) => &mut p.stats,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Plan::Keys(r) => r.changes.is_empty(),
+            Plan::History(p) => p.changes.is_empty(),
+        }
+    }
+}
+
+impl FlowState {
+    /// The empty state of the kind `flow` keeps.
+    pub fn new(flow: &Flow) -> Result<FlowState> {
+        Ok(if flow.keeps_history() {
+            FlowState::History {
+                codec: HistCodec::new(flow)?,
+                events: History::default(),
+            }
+        } else {
+            FlowState::Keys(KeyIndex::new())
+        })
+    }
+
+    /// Loads the state table's rows (a snapshot's scan); returns how many
+    /// rows the state log holds.
+    pub fn load(&mut self, flow: &Flow, codec: &Codec, batches: &[RecordBatch]) -> Result<u64> {
+        Ok(match self {
+            FlowState::Keys(index) => state_table::load(flow, codec, index, batches)?,
+            FlowState::History { codec: hc, events } => {
+                state_table::load_history(flow, codec, hc, events, batches)?
+            }
+        } as u64)
+    }
+
+    /// (key, sequence, fingerprint) of the latest change of every live key.
+    pub fn live_keys(&self) -> Vec<(&[u8], &[u8], u64)> {
+        match self {
+            FlowState::History { events, .. } => events
+                .iter()
+                .filter_map(|(k, e)| {
+                    e.last()
+                        .filter(|e| !e.is_delete())
+                        .map(|e| (k, &*e.seq, e.fp))
+                })
+                .collect(),
+            FlowState::Keys(index) => index
+                .iter()
+                .filter(|e| matches!(e.value, Value::Live(_)))
+                .map(|e| (e.key, e.seq, e.fingerprint))
+                .collect(),
+        }
+    }
+
+    /// The interned data files the state's row locations point into.
+    pub fn files(&self) -> &FileTable {
+        match self {
+            FlowState::Keys(index) => &index.files,
+            FlowState::History { events, .. } => &events.files,
+        }
+    }
+
+    pub fn files_mut(&mut self) -> &mut FileTable {
+        match self {
+            FlowState::Keys(index) => &mut index.files,
+            FlowState::History { events, .. } => &mut events.files,
+        }
+    }
+
+    pub fn sizes(&self) -> Sizes {
+        match self {
+            FlowState::Keys(index) => Sizes {
+                keys: index.len(),
+                live: index.live(),
+                bytes: index.heap_bytes(),
+            },
+            FlowState::History { events, .. } => Sizes {
+                keys: events.len(),
+                live: events.live(),
+                bytes: events.heap_bytes(),
+            },
+        }
+    }
+
+    /// Resolves `batch` against the state (nothing changes yet).
+    pub fn plan(
+        &self,
+        flow: &Flow,
+        codec: &Codec,
+        batch: &RecordBatch,
+        state_complete: bool,
+        now_ms: i64,
+        forced_deletes: Option<&BooleanArray>,
+    ) -> Result<Plan> {
+        Ok(match self {
+            FlowState::Keys(index) => Plan::Keys(resolve::resolve(
+                flow,
+                codec,
+                batch,
+                index,
+                state_complete,
+                forced_deletes,
+            )?),
+            FlowState::History { codec: hc, events } => Plan::History(history::resolve(
+                flow,
+                codec,
+                hc,
+                batch,
+                events,
+                state_complete,
+                now_ms,
+                forced_deletes,
+            )?),
+        })
+    }
+
+    /// The target rows `plan` writes and removes (`batch`: the batch it was
+    /// planned from; `target`: the target's Arrow schema).
+    pub fn target_rows(
+        &self,
+        flow: &Flow,
+        codec: &Codec,
+        target: &SchemaRef,
+        batch: &RecordBatch,
+        plan: &Plan,
+    ) -> Result<TargetRows> {
+        Ok(match (self, plan) {
+            (FlowState::Keys(_), Plan::Keys(res)) => TargetRows {
+                inserts: project(flow, target, batch, &res.inserts)?,
+                remove_positions: res.remove_positions.clone(),
+                remove_rows: project(flow, target, batch, &res.remove_keys)?,
+            },
+            (FlowState::History { codec: hc, .. }, Plan::History(p)) => TargetRows {
+                inserts: history::rows_batch(flow, codec, hc, target, &p.inserts)?,
+                remove_positions: p.remove_positions.clone(),
+                // Only the keys (and __START_AT) of these rows are known:
+                // the other columns may be null, required or not.
+                remove_rows: history::rows_batch(
+                    flow,
+                    codec,
+                    hc,
+                    &nullable(target),
+                    &p.remove_rows,
+                )?,
+            },
+            _ => unreachable!("a plan comes from the state it is applied to"),
+        })
+    }
+
+    /// Moves the state forward by `plan` (`locs`: where each inserted row
+    /// was written), drops tombstones older than `cutoff_ms`; returns how
+    /// many it dropped.
+    pub fn apply(
+        &mut self,
+        flow: &Flow,
+        plan: Plan,
+        locs: &[Loc],
+        now_ms: i64,
+        cutoff_ms: i64,
+    ) -> usize {
+        match (self, plan) {
+            (FlowState::Keys(index), Plan::Keys(res)) => {
+                resolve::apply(index, &res, locs, now_ms);
+                index.gc_tombstones(cutoff_ms)
+            }
+            (FlowState::History { events, .. }, Plan::History(p)) => {
+                history::apply(events, p, locs);
+                // SCD Type 2 keeps a deleted key's history.
+                if flow.scd2 {
+                    0
+                } else {
+                    events.gc_tombstones(cutoff_ms)
+                }
+            }
+            _ => unreachable!("a plan comes from the state it is applied to"),
+        }
+    }
+
+    /// Whether the next state commit should rewrite the state log whole:
+    /// it would hold more than `COMPACTION_RATIO` rows per entry.
+    pub fn needs_compaction(&self, log_rows: u64) -> bool {
+        let (dirty, entries) = match self {
+            FlowState::Keys(index) => (index.dirty_len(), index.len()),
+            FlowState::History { events, .. } => (events.dirty_len(), events.events()),
+        };
+        log_rows + dirty as u64 > (COMPACTION_RATIO * entries as u64).max(COMPACTION_MIN_ROWS)
+    }
+
+    /// The rows of the state table for this commit: the changed entries, or
+    /// every entry when `whole`.
+    pub fn delta(
+        &self,
+        flow: &Flow,
+        codec: &Codec,
+        generation: i64,
+        whole: bool,
+    ) -> Result<RecordBatch> {
+        match self {
+            FlowState::Keys(index) if whole => {
+                state_table::to_batch(flow, codec, index, index.iter(), generation)
+            }
+            FlowState::Keys(index) => {
+                state_table::to_batch(flow, codec, index, index.dirty(), generation)
+            }
+            FlowState::History { codec: hc, events } if whole => {
+                state_table::history_to_batch(flow, codec, hc, events, events.iter(), generation)
+            }
+            FlowState::History { codec: hc, events } => {
+                state_table::history_to_batch(flow, codec, hc, events, events.dirty(), generation)
+            }
+        }
+    }
+
+    /// The changed entries are in a committed state snapshot.
+    pub fn clear_dirty(&mut self) {
+        match self {
+            FlowState::Keys(index) => index.clear_dirty(),
+            FlowState::History { events, .. } => events.clear_dirty(),
+        }
+    }
+}
+
+/// `schema` with every top-level field nullable.
+fn nullable(schema: &SchemaRef) -> SchemaRef {
+    Arc::new(arrow_schema::Schema::new_with_metadata(
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+        schema.metadata().clone(),
+    ))
+}
+
+/// The rows `rows` of `batch` (source columns), in the target's Arrow schema.
+fn project(
+    flow: &Flow,
+    target: &SchemaRef,
+    batch: &RecordBatch,
+    rows: &[u32],
+) -> Result<RecordBatch> {
+    let idx = UInt32Array::from(rows.to_vec());
+    let cols = target
+        .fields()
+        .iter()
+        .map(|f| {
+            let src = flow
+                .target_cols
+                .iter()
+                .copied()
+                .find(|&c| flow.column_name(c) == f.name())
+                .ok_or_else(|| Error::State {
+                    code: codes::SCHEMA_DRIFT,
+                    message: format!(
+                        "target column `{}` is not produced by flow `{}`",
+                        f.name(),
+                        flow.name
+                    ),
+                })?;
+            let a = take(batch.column(src).as_ref(), &idx, None)?;
+            Ok(arrow_cast::cast(&a, f.data_type())?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new(target.clone(), cols)?)
+}
