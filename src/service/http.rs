@@ -853,7 +853,7 @@ pub struct Running {
 impl Running {
     /// Stops accepting, waits for in-flight requests, commits what is pending.
     pub async fn stop(self) -> crate::Result<()> {
-        let _ = self.stop.send(true);
+        self.stop.send_replace(true);
         let res = self.server.await;
         self.service.shutdown().await;
         match res {

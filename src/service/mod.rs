@@ -429,7 +429,11 @@ impl Service {
     }
 
     async fn stop_flow(&self, rt: &Arc<FlowRuntime>) {
-        let _ = rt.stop.send(true);
+        // `send_replace`, not `send`: a committer just spawned may not have
+        // subscribed yet, and `send` to a channel without receivers drops
+        // the value (the committer then slept its whole interval and this
+        // wait hung).
+        rt.stop.send_replace(true);
         rt.wake.notify_one();
         let task = rt.task.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(t) = task {
