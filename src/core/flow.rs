@@ -266,403 +266,31 @@ pub fn parse_table_ident(flow: &str, target: &str) -> Result<TableIdent> {
 
 impl Flow {
     pub fn new(config: FlowConfig) -> Result<Flow> {
-        let flow = config.name.clone();
-        let f = flow.as_str();
-        if flow.is_empty()
-            || flow.len() > MAX_FLOW_NAME
-            || !flow
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        {
-            let shown: String = flow.chars().take(40).collect();
-            return Err(Error::definition(
-                &shown,
-                codes::INVALID_DEFINITION,
-                format!(
-                    "flow names are 1 to {MAX_FLOW_NAME} letters, digits, `_` and `-` (this one has {} characters)",
-                    flow.chars().count()
-                ),
-            ));
-        }
+        check_name(&config.name)?;
+        let f = config.name.as_str();
         let target = parse_table_ident(f, &config.target)?;
-        if !matches!(config.stored_as_scd_type, 1 | 2) {
-            return Err(Error::definition(
-                f,
-                codes::INVALID_DEFINITION,
-                format!(
-                    "stored_as_scd_type = {}; use 1 (one current row per key) or 2 (every version, with __START_AT and __END_AT)",
-                    config.stored_as_scd_type
-                ),
-            ));
-        }
-        let scd2 = config.stored_as_scd_type == 2;
-        if scd2 && config.apply_as_truncates.is_some() {
-            return Err(Error::definition(
-                f,
-                codes::TRUNCATE_SCD2,
-                "apply_as_truncates is only supported with stored_as_scd_type = 1; an SCD Type 2 target keeps history, which a truncate would have to rewrite",
-            ));
-        }
-        if !scd2
-            && (config.track_history_column_list.is_some()
-                || config.track_history_except_column_list.is_some())
-        {
-            return Err(Error::definition(
-                f,
-                codes::INVALID_DEFINITION,
-                "track_history_column_list / track_history_except_column_list need stored_as_scd_type = 2",
-            ));
-        }
-
-        // Columns: plain names, no duplicates, no reserved names, known types.
-        let mut seen = HashSet::new();
-        let mut fields = Vec::new();
-        for (i, c) in config.columns.iter().enumerate() {
-            check_plain(f, &c.name)?;
-            let lower = c.name.to_ascii_lowercase();
-            if RESERVED.contains(&lower.as_str()) || lower.starts_with(RESERVED_PREFIX) {
-                return Err(Error::definition(
-                    f,
-                    codes::RESERVED_COLUMN,
-                    format!(
-                        "column `{}` uses a name autocdc reserves (`__START_AT`, `__END_AT`, `__autocdc*`); rename it in the source",
-                        c.name
-                    ),
-                ));
-            }
-            if !seen.insert(lower) {
-                return Err(Error::definition(
-                    f,
-                    codes::INVALID_DEFINITION,
-                    format!("column `{}` is declared twice", c.name),
-                ));
-            }
-            let Some(ty) = parse_type(&c.ty) else {
-                return Err(Error::definition(
-                    f,
-                    codes::INVALID_DEFINITION,
-                    format!(
-                        "column `{}` has unknown type `{}`; use one of boolean, int, long, float, double, decimal(p,s), date, time, timestamp, timestamptz, string, uuid, binary",
-                        c.name, c.ty
-                    ),
-                ));
-            };
-            fields.push((i, c.name.clone(), ty, c.required));
-        }
-        let find = |name: &str, what: &str| -> Result<usize> {
-            if config.from_snapshot && name == SNAPSHOT_VERSION {
-                return Ok(config.columns.len());
-            }
-            check_plain(f, name)?;
-            config.columns.iter().position(|c| c.name == name).ok_or_else(|| {
-                Error::definition(
-                    f,
-                    codes::COLUMNS_NOT_FOUND,
-                    format!("{what} column `{name}` is not among the declared columns ({}); declare it under `columns` or fix the name",
-                        config.columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")),
-                )
-            })
-        };
-
-        if config.keys.is_empty() {
-            return Err(Error::definition(
-                f,
-                codes::EMPTY_KEYS,
-                "`keys` is empty; name the column(s) that identify a row, e.g. keys = [\"id\"]",
-            ));
-        }
-        let key_idx = config
-            .keys
-            .iter()
-            .map(|k| find(k, "key"))
-            .collect::<Result<Vec<_>>>()?;
-        let mut seq_names = config.sequence_by.to_vec();
-        if config.from_snapshot {
-            let misplaced = [
-                (
-                    !seq_names.is_empty(),
-                    "sequence_by (the snapshot version orders the changes)",
-                ),
-                (
-                    config.apply_as_deletes.is_some(),
-                    "apply_as_deletes (a key missing from a snapshot is deleted)",
-                ),
-                (config.apply_as_truncates.is_some(), "apply_as_truncates"),
-                (
-                    config.ignore_null_updates,
-                    "ignore_null_updates (a snapshot holds whole rows)",
-                ),
-            ];
-            if let Some((_, what)) = misplaced.iter().find(|m| m.0) {
-                return Err(Error::definition(
-                    f,
-                    codes::INVALID_DEFINITION,
-                    format!("a from_snapshot flow takes no {what}"),
-                ));
-            }
-            // The version, as a hidden sequence column after the declared ones.
-            fields.push((
-                fields.len(),
-                SNAPSHOT_VERSION.to_string(),
-                PrimitiveType::Long,
-                true,
-            ));
-            seq_names.push(SNAPSHOT_VERSION.to_string());
-        }
-        if seq_names.is_empty() {
-            return Err(Error::definition(
-                f,
-                codes::INVALID_DEFINITION,
-                "`sequence_by` is empty; name the column(s) that order changes, e.g. sequence_by = \"seq\"",
-            ));
-        }
-        let seq_idx = seq_names
-            .iter()
-            .map(|s| find(s, "sequence_by"))
-            .collect::<Result<Vec<_>>>()?;
-        for &i in &seq_idx {
-            if !orderable(&fields[i].2) {
-                return Err(Error::definition(
-                    f,
-                    codes::NON_ORDERABLE_SEQUENCE,
-                    format!(
-                        "sequence_by column `{}` has type {} which has no order; use a numeric, temporal or string column",
-                        fields[i].1, fields[i].2
-                    ),
-                ));
-            }
-        }
-        for &i in &key_idx {
-            if matches!(fields[i].2, PrimitiveType::Float | PrimitiveType::Double) {
-                return Err(Error::definition(
-                    f,
-                    codes::INVALID_DEFINITION,
-                    format!(
-                        "key column `{}` is a floating-point column; Iceberg identifier fields cannot be float or double",
-                        fields[i].1
-                    ),
-                ));
-            }
-        }
-
-        // Column selection.
-        let target_cols: Vec<usize> = match (&config.column_list, &config.except_column_list) {
-            (Some(_), Some(_)) => {
-                return Err(Error::definition(
-                    f,
-                    codes::INVALID_SELECTION,
-                    "column_list and except_column_list are mutually exclusive; keep one",
-                ));
-            }
-            (Some(list), None) => {
-                let mut v = Vec::new();
-                for c in list {
-                    let i = find(c, "column_list")?;
-                    if !v.contains(&i) {
-                        v.push(i);
-                    }
-                }
-                v.sort_unstable();
-                v
-            }
-            (None, Some(except)) => {
-                let ex = except
-                    .iter()
-                    .map(|c| find(c, "except_column_list"))
-                    .collect::<Result<HashSet<_>>>()?;
-                (0..config.columns.len())
-                    .filter(|i| !ex.contains(i))
-                    .collect()
-            }
-            (None, None) => (0..config.columns.len()).collect(),
-        };
-        for &k in &key_idx {
-            if !target_cols.contains(&k) {
-                return Err(Error::definition(
-                    f,
-                    codes::INVALID_SELECTION,
-                    format!(
-                        "key column `{}` is left out of the target by the column selection; keys must be in the target",
-                        fields[k].1
-                    ),
-                ));
-            }
-        }
-
-        // Schemas.
-        let all_nullable: Vec<Field> = fields
-            .iter()
-            .map(|(i, name, ty, _)| {
-                let nf = NestedField::optional(*i as i32 + 1, name, Type::Primitive(ty.clone()));
-                let schema = Schema::builder().with_fields(vec![Arc::new(nf)]).build()?;
-                let arrow = schema_to_arrow_schema(&schema)?;
-                Ok(arrow.field(0).clone())
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let source_arrow = Arc::new(ArrowSchema::new(all_nullable));
-
-        let mut target_fields = Vec::new();
-        let mut identifier = Vec::new();
-        for (pos, &i) in target_cols.iter().enumerate() {
-            let (_, name, ty, required) = &fields[i];
-            let id = pos as i32 + 1;
-            let is_key = key_idx.contains(&i);
-            let nf = if *required || is_key {
-                NestedField::required(id, name, Type::Primitive(ty.clone()))
-            } else {
-                NestedField::optional(id, name, Type::Primitive(ty.clone()))
-            };
-            if is_key {
-                identifier.push(id);
-            }
-            target_fields.push(Arc::new(nf));
-        }
-        // Identifier ids in key order.
-        let identifier: Vec<i32> = key_idx
-            .iter()
-            .map(|k| {
-                target_cols
-                    .iter()
-                    .position(|c| c == k)
-                    .map(|p| p as i32 + 1)
-                    .unwrap_or(0)
-            })
-            .collect();
-        // SCD Type 2: every version of a key is a row, so the keys identify
-        // no row; each version carries the sequence interval it covers.
-        let identifier = if scd2 { Vec::new() } else { identifier };
-        if scd2 {
-            let base = target_cols.len() as i32;
-            let mut next = base + 2;
-            let mut seq_type = || -> Type {
-                if seq_idx.len() == 1 {
-                    return Type::Primitive(fields[seq_idx[0]].2.clone());
-                }
-                let subs = seq_idx
-                    .iter()
-                    .map(|&i| {
-                        next += 1;
-                        Arc::new(NestedField::optional(
-                            next,
-                            &fields[i].1,
-                            Type::Primitive(fields[i].2.clone()),
-                        ))
-                    })
-                    .collect::<Vec<_>>();
-                Type::Struct(StructType::new(subs))
-            };
-            let (start, end) = (seq_type(), seq_type());
-            target_fields.push(Arc::new(NestedField::optional(base + 1, START_AT, start)));
-            target_fields.push(Arc::new(NestedField::optional(base + 2, END_AT, end)));
-        }
-        let target_schema = Schema::builder()
-            .with_schema_id(0)
-            .with_fields(target_fields)
-            .with_identifier_field_ids(identifier)
-            .build()?;
+        let scd2 = check_modes(&config)?;
+        let mut fields = declared_columns(&config)?;
+        let (key_idx, seq_idx) = keys_and_sequence(&config, &mut fields)?;
+        let target_cols = selected_columns(&config, &fields, &key_idx)?;
+        let source_arrow = source_schema(&fields)?;
+        let target_schema = target_schema(&fields, &target_cols, &key_idx, &seq_idx, scd2)?;
         let partition_spec = partition_spec(f, &config.partition_by, &target_schema)?;
-
-        let deletes = match &config.apply_as_deletes {
-            Some(sql) => Some(
-                Predicate::parse(sql, &source_arrow).map_err(|e| Error::from_predicate(f, e))?,
-            ),
-            None => None,
+        let predicate = |sql: &Option<String>| match sql {
+            Some(sql) => Predicate::parse(sql, &source_arrow)
+                .map(Some)
+                .map_err(|e| Error::from_predicate(f, e)),
+            None => Ok(None),
         };
-        let truncates = match &config.apply_as_truncates {
-            Some(sql) => Some(
-                Predicate::parse(sql, &source_arrow).map_err(|e| Error::from_predicate(f, e))?,
-            ),
-            None => None,
-        };
-        // Tracked columns (SCD Type 2): by default every target column but
-        // the keys and the sequence columns.
-        let value_cols: Vec<usize> = target_cols
-            .iter()
-            .copied()
-            .filter(|c| !key_idx.contains(c))
-            .collect();
-        let tracked: Vec<usize> = match (
-            &config.track_history_column_list,
-            &config.track_history_except_column_list,
-        ) {
-            (Some(_), Some(_)) => {
-                return Err(Error::definition(
-                    f,
-                    codes::INVALID_SELECTION,
-                    "track_history_column_list and track_history_except_column_list are mutually exclusive; keep one",
-                ));
-            }
-            (Some(list), None) => {
-                let mut v = Vec::new();
-                for c in list {
-                    let i = find(c, "track_history_column_list")?;
-                    if !value_cols.contains(&i) || seq_idx.contains(&i) {
-                        return Err(Error::definition(
-                            f,
-                            codes::INVALID_SELECTION,
-                            format!(
-                                "track_history_column_list names `{c}`, which is a key, a sequence_by column or not a target column; list target columns that are none of these"
-                            ),
-                        ));
-                    }
-                    v.push(i);
-                }
-                v.sort_unstable();
-                v.dedup();
-                v
-            }
-            (None, Some(except)) => {
-                let ex = except
-                    .iter()
-                    .map(|c| find(c, "track_history_except_column_list"))
-                    .collect::<Result<HashSet<_>>>()?;
-                value_cols
-                    .iter()
-                    .copied()
-                    .filter(|i| !ex.contains(i) && !seq_idx.contains(i))
-                    .collect()
-            }
-            (None, None) => value_cols
-                .iter()
-                .copied()
-                .filter(|i| !seq_idx.contains(i))
-                .collect(),
-        };
-        let duration = |setting: &str, value: &Option<String>, default: Duration| match value {
-            None => Ok(default),
-            Some(text) => parse_duration(setting, text)
-                .map_err(|m| Error::definition(f, codes::INVALID_DEFINITION, m)),
-        };
-        let tombstone_gc = duration(
-            "tombstone_gc_threshold",
-            &config.tombstone_gc_threshold,
-            Duration::from_secs(2 * 24 * 3600),
-        )?;
-        let interval = duration(
-            "commit_interval",
-            &config.commit_interval,
-            Duration::from_secs(10),
-        )?;
-        let max_key_bytes = config.max_key_bytes.unwrap_or(DEFAULT_MAX_KEY_BYTES);
-        if max_key_bytes == 0 || max_key_bytes > MAX_KEY_BYTES_LIMIT {
-            return Err(Error::definition(
-                f,
-                codes::INVALID_DEFINITION,
-                format!("max_key_bytes = {max_key_bytes}: use 1 to {MAX_KEY_BYTES_LIMIT}"),
-            ));
-        }
-        let commit = CommitPolicy {
-            interval: interval.max(Duration::from_millis(10)),
-            max_rows: config.commit_max_rows.unwrap_or(1_000_000).max(1),
-            max_bytes: config.commit_max_bytes.unwrap_or(256 << 20).max(1),
-            max_uncommitted_bytes: config.max_uncommitted_bytes.unwrap_or(1 << 30).max(1),
-            max_log_bytes: config.max_log_bytes.unwrap_or(4 << 30).max(MIN_LOG_BYTES),
-        };
+        let deletes = predicate(&config.apply_as_deletes)?;
+        let truncates = predicate(&config.apply_as_truncates)?;
+        let tracked = tracked_columns(&config, &target_cols, &key_idx, &seq_idx)?;
+        let (tombstone_gc, commit, max_key_bytes) = settings(&config)?;
         Ok(Flow {
             ignore_null_updates: config.ignore_null_updates,
             from_snapshot: config.from_snapshot,
             commit,
-            name: flow.clone(),
+            name: config.name.clone(),
             target,
             on_tie: config.on_sequence_tie,
             target_file_size_bytes: config.target_file_size_bytes.unwrap_or(128 << 20),
@@ -713,6 +341,450 @@ impl Flow {
             format!("{}__autocdc_state", self.target.name()),
         )
     }
+}
+
+/// A flow name names a folder and a metric label: 1 to `MAX_FLOW_NAME`
+/// letters, digits, `_` and `-`.
+fn check_name(flow: &str) -> Result<()> {
+    if flow.is_empty()
+        || flow.len() > MAX_FLOW_NAME
+        || !flow
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        let shown: String = flow.chars().take(40).collect();
+        return Err(Error::definition(
+            &shown,
+            codes::INVALID_DEFINITION,
+            format!(
+                "flow names are 1 to {MAX_FLOW_NAME} letters, digits, `_` and `-` (this one has {} characters)",
+                flow.chars().count()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The SCD type and the options that depend on it; returns whether the
+/// flow is SCD Type 2.
+fn check_modes(config: &FlowConfig) -> Result<bool> {
+    let f = config.name.as_str();
+    if !matches!(config.stored_as_scd_type, 1 | 2) {
+        return Err(Error::definition(
+            f,
+            codes::INVALID_DEFINITION,
+            format!(
+                "stored_as_scd_type = {}; use 1 (one current row per key) or 2 (every version, with __START_AT and __END_AT)",
+                config.stored_as_scd_type
+            ),
+        ));
+    }
+    let scd2 = config.stored_as_scd_type == 2;
+    if scd2 && config.apply_as_truncates.is_some() {
+        return Err(Error::definition(
+            f,
+            codes::TRUNCATE_SCD2,
+            "apply_as_truncates is only supported with stored_as_scd_type = 1; an SCD Type 2 target keeps history, which a truncate would have to rewrite",
+        ));
+    }
+    if !scd2
+        && (config.track_history_column_list.is_some()
+            || config.track_history_except_column_list.is_some())
+    {
+        return Err(Error::definition(
+            f,
+            codes::INVALID_DEFINITION,
+            "track_history_column_list / track_history_except_column_list need stored_as_scd_type = 2",
+        ));
+    }
+    Ok(scd2)
+}
+
+/// A declared column: its source index, name, type and `required`.
+type Declared = (usize, String, PrimitiveType, bool);
+
+/// The declared columns: plain names, no duplicates, no reserved names,
+/// known types.
+fn declared_columns(config: &FlowConfig) -> Result<Vec<Declared>> {
+    let f = config.name.as_str();
+    let mut seen = HashSet::new();
+    let mut fields = Vec::new();
+    for (i, c) in config.columns.iter().enumerate() {
+        check_plain(f, &c.name)?;
+        let lower = c.name.to_ascii_lowercase();
+        if RESERVED.contains(&lower.as_str()) || lower.starts_with(RESERVED_PREFIX) {
+            return Err(Error::definition(
+                f,
+                codes::RESERVED_COLUMN,
+                format!(
+                    "column `{}` uses a name autocdc reserves (`__START_AT`, `__END_AT`, `__autocdc*`); rename it in the source",
+                    c.name
+                ),
+            ));
+        }
+        if !seen.insert(lower) {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_DEFINITION,
+                format!("column `{}` is declared twice", c.name),
+            ));
+        }
+        let Some(ty) = parse_type(&c.ty) else {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_DEFINITION,
+                format!(
+                    "column `{}` has unknown type `{}`; use one of boolean, int, long, float, double, decimal(p,s), date, time, timestamp, timestamptz, string, uuid, binary",
+                    c.name, c.ty
+                ),
+            ));
+        };
+        fields.push((i, c.name.clone(), ty, c.required));
+    }
+    Ok(fields)
+}
+
+/// The source index of column `name`, named in setting `what`.
+fn find_column(config: &FlowConfig, name: &str, what: &str) -> Result<usize> {
+    let f = config.name.as_str();
+    if config.from_snapshot && name == SNAPSHOT_VERSION {
+        return Ok(config.columns.len());
+    }
+    check_plain(f, name)?;
+    config.columns.iter().position(|c| c.name == name).ok_or_else(|| {
+        Error::definition(
+            f,
+            codes::COLUMNS_NOT_FOUND,
+            format!("{what} column `{name}` is not among the declared columns ({}); declare it under `columns` or fix the name",
+                config.columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")),
+        )
+    })
+}
+
+/// The key and sequence columns (a `from_snapshot` flow's hidden version
+/// column is added to `fields` as its sequence).
+fn keys_and_sequence(
+    config: &FlowConfig,
+    fields: &mut Vec<Declared>,
+) -> Result<(Vec<usize>, Vec<usize>)> {
+    let f = config.name.as_str();
+    if config.keys.is_empty() {
+        return Err(Error::definition(
+            f,
+            codes::EMPTY_KEYS,
+            "`keys` is empty; name the column(s) that identify a row, e.g. keys = [\"id\"]",
+        ));
+    }
+    let key_idx = config
+        .keys
+        .iter()
+        .map(|k| find_column(config, k, "key"))
+        .collect::<Result<Vec<_>>>()?;
+    let mut seq_names = config.sequence_by.to_vec();
+    if config.from_snapshot {
+        let misplaced = [
+            (
+                !seq_names.is_empty(),
+                "sequence_by (the snapshot version orders the changes)",
+            ),
+            (
+                config.apply_as_deletes.is_some(),
+                "apply_as_deletes (a key missing from a snapshot is deleted)",
+            ),
+            (config.apply_as_truncates.is_some(), "apply_as_truncates"),
+            (
+                config.ignore_null_updates,
+                "ignore_null_updates (a snapshot holds whole rows)",
+            ),
+        ];
+        if let Some((_, what)) = misplaced.iter().find(|m| m.0) {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_DEFINITION,
+                format!("a from_snapshot flow takes no {what}"),
+            ));
+        }
+        // The version, as a hidden sequence column after the declared ones.
+        fields.push((
+            fields.len(),
+            SNAPSHOT_VERSION.to_string(),
+            PrimitiveType::Long,
+            true,
+        ));
+        seq_names.push(SNAPSHOT_VERSION.to_string());
+    }
+    if seq_names.is_empty() {
+        return Err(Error::definition(
+            f,
+            codes::INVALID_DEFINITION,
+            "`sequence_by` is empty; name the column(s) that order changes, e.g. sequence_by = \"seq\"",
+        ));
+    }
+    let seq_idx = seq_names
+        .iter()
+        .map(|s| find_column(config, s, "sequence_by"))
+        .collect::<Result<Vec<_>>>()?;
+    for &i in &seq_idx {
+        if !orderable(&fields[i].2) {
+            return Err(Error::definition(
+                f,
+                codes::NON_ORDERABLE_SEQUENCE,
+                format!(
+                    "sequence_by column `{}` has type {} which has no order; use a numeric, temporal or string column",
+                    fields[i].1, fields[i].2
+                ),
+            ));
+        }
+    }
+    for &i in &key_idx {
+        if matches!(fields[i].2, PrimitiveType::Float | PrimitiveType::Double) {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_DEFINITION,
+                format!(
+                    "key column `{}` is a floating-point column; Iceberg identifier fields cannot be float or double",
+                    fields[i].1
+                ),
+            ));
+        }
+    }
+    Ok((key_idx, seq_idx))
+}
+
+/// The source columns the target keeps (`column_list` /
+/// `except_column_list`); every key among them.
+fn selected_columns(
+    config: &FlowConfig,
+    fields: &[Declared],
+    key_idx: &[usize],
+) -> Result<Vec<usize>> {
+    let f = config.name.as_str();
+    let target_cols: Vec<usize> = match (&config.column_list, &config.except_column_list) {
+        (Some(_), Some(_)) => {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_SELECTION,
+                "column_list and except_column_list are mutually exclusive; keep one",
+            ));
+        }
+        (Some(list), None) => {
+            let mut v = Vec::new();
+            for c in list {
+                let i = find_column(config, c, "column_list")?;
+                if !v.contains(&i) {
+                    v.push(i);
+                }
+            }
+            v.sort_unstable();
+            v
+        }
+        (None, Some(except)) => {
+            let ex = except
+                .iter()
+                .map(|c| find_column(config, c, "except_column_list"))
+                .collect::<Result<HashSet<_>>>()?;
+            (0..config.columns.len())
+                .filter(|i| !ex.contains(i))
+                .collect()
+        }
+        (None, None) => (0..config.columns.len()).collect(),
+    };
+    for &k in key_idx {
+        if !target_cols.contains(&k) {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_SELECTION,
+                format!(
+                    "key column `{}` is left out of the target by the column selection; keys must be in the target",
+                    fields[k].1
+                ),
+            ));
+        }
+    }
+    Ok(target_cols)
+}
+
+/// The source schema in Arrow, every column nullable so that nulls reach
+/// validation (and get a precise error) instead of failing inside Arrow.
+fn source_schema(fields: &[Declared]) -> Result<SchemaRef> {
+    let all_nullable: Vec<Field> = fields
+        .iter()
+        .map(|(i, name, ty, _)| {
+            let nf = NestedField::optional(*i as i32 + 1, name, Type::Primitive(ty.clone()));
+            let schema = Schema::builder().with_fields(vec![Arc::new(nf)]).build()?;
+            let arrow = schema_to_arrow_schema(&schema)?;
+            Ok(arrow.field(0).clone())
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Arc::new(ArrowSchema::new(all_nullable)))
+}
+
+/// The target's Iceberg schema: the selected columns (field ids 1..n, keys
+/// required and, but for SCD Type 2, identifier fields), then for SCD Type 2
+/// `__START_AT` / `__END_AT` of the sequence's type.
+fn target_schema(
+    fields: &[Declared],
+    target_cols: &[usize],
+    key_idx: &[usize],
+    seq_idx: &[usize],
+    scd2: bool,
+) -> Result<Schema> {
+    let mut target_fields = Vec::new();
+    for (pos, &i) in target_cols.iter().enumerate() {
+        let (_, name, ty, required) = &fields[i];
+        let id = pos as i32 + 1;
+        let is_key = key_idx.contains(&i);
+        let nf = if *required || is_key {
+            NestedField::required(id, name, Type::Primitive(ty.clone()))
+        } else {
+            NestedField::optional(id, name, Type::Primitive(ty.clone()))
+        };
+        target_fields.push(Arc::new(nf));
+    }
+    // Identifier ids in key order.
+    let identifier: Vec<i32> = key_idx
+        .iter()
+        .map(|k| {
+            target_cols
+                .iter()
+                .position(|c| c == k)
+                .map(|p| p as i32 + 1)
+                .unwrap_or(0)
+        })
+        .collect();
+    // SCD Type 2: every version of a key is a row, so the keys identify
+    // no row; each version carries the sequence interval it covers.
+    let identifier = if scd2 { Vec::new() } else { identifier };
+    if scd2 {
+        let base = target_cols.len() as i32;
+        let mut next = base + 2;
+        let mut seq_type = || -> Type {
+            if seq_idx.len() == 1 {
+                return Type::Primitive(fields[seq_idx[0]].2.clone());
+            }
+            let subs = seq_idx
+                .iter()
+                .map(|&i| {
+                    next += 1;
+                    Arc::new(NestedField::optional(
+                        next,
+                        &fields[i].1,
+                        Type::Primitive(fields[i].2.clone()),
+                    ))
+                })
+                .collect::<Vec<_>>();
+            Type::Struct(StructType::new(subs))
+        };
+        let (start, end) = (seq_type(), seq_type());
+        target_fields.push(Arc::new(NestedField::optional(base + 1, START_AT, start)));
+        target_fields.push(Arc::new(NestedField::optional(base + 2, END_AT, end)));
+    }
+    Ok(Schema::builder()
+        .with_schema_id(0)
+        .with_fields(target_fields)
+        .with_identifier_field_ids(identifier)
+        .build()?)
+}
+
+/// The columns whose change opens a new SCD Type 2 version: by default
+/// every target column but the keys and the sequence columns.
+fn tracked_columns(
+    config: &FlowConfig,
+    target_cols: &[usize],
+    key_idx: &[usize],
+    seq_idx: &[usize],
+) -> Result<Vec<usize>> {
+    let f = config.name.as_str();
+    let value_cols: Vec<usize> = target_cols
+        .iter()
+        .copied()
+        .filter(|c| !key_idx.contains(c))
+        .collect();
+    Ok(
+        match (
+            &config.track_history_column_list,
+            &config.track_history_except_column_list,
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(Error::definition(
+                    f,
+                    codes::INVALID_SELECTION,
+                    "track_history_column_list and track_history_except_column_list are mutually exclusive; keep one",
+                ));
+            }
+            (Some(list), None) => {
+                let mut v = Vec::new();
+                for c in list {
+                    let i = find_column(config, c, "track_history_column_list")?;
+                    if !value_cols.contains(&i) || seq_idx.contains(&i) {
+                        return Err(Error::definition(
+                            f,
+                            codes::INVALID_SELECTION,
+                            format!(
+                                "track_history_column_list names `{c}`, which is a key, a sequence_by column or not a target column; list target columns that are none of these"
+                            ),
+                        ));
+                    }
+                    v.push(i);
+                }
+                v.sort_unstable();
+                v.dedup();
+                v
+            }
+            (None, Some(except)) => {
+                let ex = except
+                    .iter()
+                    .map(|c| find_column(config, c, "track_history_except_column_list"))
+                    .collect::<Result<HashSet<_>>>()?;
+                value_cols
+                    .iter()
+                    .copied()
+                    .filter(|i| !ex.contains(i) && !seq_idx.contains(i))
+                    .collect()
+            }
+            (None, None) => value_cols
+                .iter()
+                .copied()
+                .filter(|i| !seq_idx.contains(i))
+                .collect(),
+        },
+    )
+}
+
+/// The flow's durations and bounds: tombstone lifetime, commit policy, key length.
+fn settings(config: &FlowConfig) -> Result<(Duration, CommitPolicy, usize)> {
+    let f = config.name.as_str();
+    let duration = |setting: &str, value: &Option<String>, default: Duration| match value {
+        None => Ok(default),
+        Some(text) => parse_duration(setting, text)
+            .map_err(|m| Error::definition(f, codes::INVALID_DEFINITION, m)),
+    };
+    let tombstone_gc = duration(
+        "tombstone_gc_threshold",
+        &config.tombstone_gc_threshold,
+        Duration::from_secs(2 * 24 * 3600),
+    )?;
+    let interval = duration(
+        "commit_interval",
+        &config.commit_interval,
+        Duration::from_secs(10),
+    )?;
+    let max_key_bytes = config.max_key_bytes.unwrap_or(DEFAULT_MAX_KEY_BYTES);
+    if max_key_bytes == 0 || max_key_bytes > MAX_KEY_BYTES_LIMIT {
+        return Err(Error::definition(
+            f,
+            codes::INVALID_DEFINITION,
+            format!("max_key_bytes = {max_key_bytes}: use 1 to {MAX_KEY_BYTES_LIMIT}"),
+        ));
+    }
+    let commit = CommitPolicy {
+        interval: interval.max(Duration::from_millis(10)),
+        max_rows: config.commit_max_rows.unwrap_or(1_000_000).max(1),
+        max_bytes: config.commit_max_bytes.unwrap_or(256 << 20).max(1),
+        max_uncommitted_bytes: config.max_uncommitted_bytes.unwrap_or(1 << 30).max(1),
+        max_log_bytes: config.max_log_bytes.unwrap_or(4 << 30).max(MIN_LOG_BYTES),
+    };
+    Ok((tombstone_gc, commit, max_key_bytes))
 }
 
 /// Parses one `partition_by` entry: `col` (identity), Iceberg's notation

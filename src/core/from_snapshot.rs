@@ -6,10 +6,11 @@
 //!
 //! Architecture invariant: pure, like `resolve`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, BooleanArray, Int64Array, RecordBatch};
+use arrow_row::Rows;
 
 use crate::core::flow::Flow;
 use crate::core::resolve::{Codec, validate};
@@ -32,20 +33,29 @@ pub fn check(flow: &Flow, snapshot: &RecordBatch, version: i64) -> Result<Record
     let codec = Codec::new(flow)?;
     let snapshot = with_version(flow, snapshot, version)?;
     validate(flow, &snapshot)?;
+    unique_keys(flow, &key_rows(flow, &codec, &snapshot)?)?;
+    Ok(snapshot)
+}
+
+/// The row-encoded keys of `batch`.
+fn key_rows(flow: &Flow, codec: &Codec, batch: &RecordBatch) -> Result<Rows> {
     let key_cols: Vec<ArrayRef> = flow
         .key_idx
         .iter()
-        .map(|&i| snapshot.column(i).clone())
+        .map(|&i| batch.column(i).clone())
         .collect();
-    let keys = codec.keys.convert_columns(&key_cols)?;
-    let mut seen: HashMap<&[u8], usize> = HashMap::with_capacity(snapshot.num_rows());
-    for i in 0..snapshot.num_rows() {
+    Ok(codec.keys.convert_columns(&key_cols)?)
+}
+
+/// Each key with its row; a snapshot with a key twice is refused.
+fn unique_keys<'k>(flow: &Flow, keys: &'k Rows) -> Result<HashMap<&'k [u8], usize>> {
+    let mut seen = HashMap::with_capacity(keys.num_rows());
+    for i in 0..keys.num_rows() {
         if let Some(first) = seen.insert(keys.row(i).data(), i) {
             return Err(duplicate(flow, i, first));
         }
     }
-    drop(seen);
-    Ok(snapshot)
+    Ok(seen)
 }
 
 fn duplicate(flow: &Flow, row: usize, first: usize) -> Error {
@@ -88,32 +98,16 @@ pub fn diff<'a>(
     version: i64,
     live: impl Iterator<Item = (&'a [u8], u64)>,
 ) -> Result<Diffed> {
-    let n = snapshot.num_rows();
-    let seq = *flow
-        .seq_idx
-        .last()
-        .expect("a snapshot flow has its version column");
-    let mut cols = snapshot.columns().to_vec();
-    cols[seq] = Arc::new(Int64Array::from(vec![version; n]));
-    let snapshot = RecordBatch::try_new(snapshot.schema(), cols)?;
+    let snapshot = with_version(flow, snapshot, version)?;
     validate(flow, &snapshot)?;
-    let key_cols: Vec<ArrayRef> = flow
-        .key_idx
-        .iter()
-        .map(|&i| snapshot.column(i).clone())
-        .collect();
-    let keys = codec.keys.convert_columns(&key_cols)?;
+    let keys = key_rows(flow, codec, &snapshot)?;
     let fps = codec.fingerprints(&snapshot)?;
     let live: HashMap<&[u8], u64> = live.collect();
-    let mut seen: HashMap<&[u8], usize> = HashMap::with_capacity(snapshot.num_rows());
+    let present = unique_keys(flow, &keys)?;
     let (mut inserted, mut updated, mut unchanged) = (0, 0, 0);
     let mut keep = Vec::new();
     for (i, &fp) in fps.iter().enumerate() {
-        let k = keys.row(i).data();
-        if let Some(first) = seen.insert(k, i) {
-            return Err(duplicate(flow, i, first));
-        }
-        match live.get(k) {
+        match live.get(keys.row(i).data()) {
             Some(&old) if old == fp => unchanged += 1,
             Some(_) => {
                 updated += 1;
@@ -125,11 +119,10 @@ pub fn diff<'a>(
             }
         }
     }
-    let present: HashSet<&[u8]> = seen.into_keys().collect();
     let mut gone: Vec<&[u8]> = live
         .keys()
         .copied()
-        .filter(|k| !present.contains(k))
+        .filter(|k| !present.contains_key(k))
         .collect();
     gone.sort_unstable();
 

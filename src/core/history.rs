@@ -26,7 +26,9 @@ use arrow_select::take::take;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::core::flow::{END_AT, Flow, START_AT, TiePolicy};
-use crate::core::resolve::{BatchStats, Codec, mask, required_null, tie_error, validate};
+use crate::core::resolve::{
+    BatchStats, Codec, SameSequence, mask, required_null, same_sequence, validate,
+};
 use crate::core::state::{FileTable, Loc};
 use crate::error::{Error, Result, codes};
 
@@ -451,22 +453,7 @@ pub fn resolve(
         },
         ..Default::default()
     };
-    // Rows grouped by key, keys in order of first appearance.
-    let mut groups: HashMap<&[u8], usize> = HashMap::new();
-    let mut order: Vec<(&[u8], Vec<usize>)> = Vec::new();
-    for i in 0..n {
-        let k = keys.row(i);
-        let k: &[u8] = k.data();
-        match groups.get(k) {
-            Some(&g) => order[g].1.push(i),
-            None => {
-                groups.insert(k, order.len());
-                order.push((k, vec![i]));
-            }
-        }
-    }
-
-    for (key, rows) in order {
+    for (key, rows) in rows_by_key(&keys) {
         let old: &[Event] = hist.get(key).unwrap_or(&[]);
         let mut events = old.to_vec();
         for &i in &rows {
@@ -481,23 +468,18 @@ pub fn resolve(
                 loc: None,
             };
             if let Some(e) = events.get(at).filter(|e| &*e.seq == seq) {
-                let (old_fp, truncated) = (
-                    e.fp,
-                    e.fp == crate::core::resolve::TRUNCATED_FP && e.is_delete(),
-                );
-                if truncated {
-                    // A truncate's delete loses to any change at its sequence.
-                } else if old_fp == fp {
-                    plan.stats.duplicates += 1;
-                    continue;
-                } else {
-                    if flow.on_tie == TiePolicy::Error {
-                        return Err(tie_error(flow, i));
-                    }
-                    plan.stats.ties += 1;
-                    if fp < old_fp {
-                        plan.stats.tie_losers += 1;
+                match same_sequence(flow, i, fp, e.fp, e.is_delete())? {
+                    SameSequence::ReplacesSentinel => {}
+                    SameSequence::Duplicate => {
+                        plan.stats.duplicates += 1;
                         continue;
+                    }
+                    SameSequence::Tie { wins } => {
+                        plan.stats.ties += 1;
+                        if !wins {
+                            plan.stats.tie_losers += 1;
+                            continue;
+                        }
                     }
                 }
                 events[at] = event;
@@ -522,60 +504,7 @@ pub fn resolve(
             continue;
         }
 
-        // Fold before and after; rows present in both stay where they are.
-        let before = fold(hc, old);
-        let after = fold(hc, &events);
-        let mut olds: Vec<(u64, &Version, bool)> = before
-            .iter()
-            .map(|v| (row_hash(hc, old, v), v, false))
-            .collect();
-        let mut kept: Vec<(usize, Loc)> = Vec::new();
-        let mut pending = Vec::new();
-        for v in &after {
-            let h = row_hash(hc, &events, v);
-            if let Some(o) = olds.iter_mut().find(|o| !o.2 && o.0 == h) {
-                o.2 = true;
-                if let Some(loc) = old[o.1.anchor].loc {
-                    kept.push((v.anchor, loc));
-                    continue;
-                }
-                // A row without a known position: write it again, remove the old by key.
-                o.2 = false;
-            }
-            pending.push((v.anchor, plan.inserts.len() as u32));
-            plan.inserts.push(to_out(key, &events, v));
-        }
-        for (_, v, matched) in &olds {
-            if *matched {
-                continue;
-            }
-            match old[v.anchor].loc {
-                Some(loc) if hist.files.is_live(loc.file) => {
-                    plan.remove_positions.push(loc);
-                    plan.stats.removed_by_position += 1;
-                }
-                _ => {
-                    plan.remove_rows.push(to_out(key, old, v));
-                    plan.stats.removed_by_key += 1;
-                }
-            }
-        }
-        if old.is_empty() && !state_complete && !hc.scd2 {
-            // The key may have a row autocdc did not write.
-            plan.remove_rows.push(OutRow {
-                key: key.into(),
-                vals: (0..hc.cols.len()).map(|c| hc.null(c)).collect(),
-                start: None,
-                end: None,
-            });
-            plan.stats.removed_by_key += 1;
-        }
-        for e in events.iter_mut() {
-            e.loc = None;
-        }
-        for (at, loc) in kept {
-            events[at].loc = Some(loc);
-        }
+        let pending = rewrite_rows(hc, hist, key, old, &mut events, &mut plan, state_complete);
         plan.changes.push(KeyChange {
             key: key.into(),
             events,
@@ -583,18 +512,112 @@ pub fn resolve(
         });
     }
 
-    // A row to write must fill the target's required columns.
+    check_required(flow, hc, &keys, &plan.inserts)?;
+    plan.remove_positions.sort_unstable();
+    Ok(plan)
+}
+
+/// The batch's rows grouped by key, keys in order of first appearance.
+fn rows_by_key(keys: &Rows) -> Vec<(&[u8], Vec<usize>)> {
+    let mut groups: HashMap<&[u8], usize> = HashMap::new();
+    let mut order: Vec<(&[u8], Vec<usize>)> = Vec::new();
+    for i in 0..keys.num_rows() {
+        let k = keys.row(i);
+        let k: &[u8] = k.data();
+        match groups.get(k) {
+            Some(&g) => order[g].1.push(i),
+            None => {
+                groups.insert(k, order.len());
+                order.push((k, vec![i]));
+            }
+        }
+    }
+    order
+}
+
+/// A key's target rows before (`old`) and after (`events`) the batch:
+/// rows in both stay where they are; the others are removed (by position
+/// when known) and inserted. `events` keep the positions of the rows that
+/// stay; returns (event, insert ordinal) of each row to write.
+fn rewrite_rows(
+    hc: &HistCodec,
+    hist: &History,
+    key: &[u8],
+    old: &[Event],
+    events: &mut [Event],
+    plan: &mut Plan,
+    state_complete: bool,
+) -> Vec<(usize, u32)> {
+    let before = fold(hc, old);
+    let after = fold(hc, events);
+    let mut olds: Vec<(u64, &Version, bool)> = before
+        .iter()
+        .map(|v| (row_hash(hc, old, v), v, false))
+        .collect();
+    let mut kept: Vec<(usize, Loc)> = Vec::new();
+    let mut pending = Vec::new();
+    for v in &after {
+        let h = row_hash(hc, events, v);
+        if let Some(o) = olds.iter_mut().find(|o| !o.2 && o.0 == h) {
+            o.2 = true;
+            if let Some(loc) = old[o.1.anchor].loc {
+                kept.push((v.anchor, loc));
+                continue;
+            }
+            // A row without a known position: write it again, remove the old by key.
+            o.2 = false;
+        }
+        pending.push((v.anchor, plan.inserts.len() as u32));
+        plan.inserts.push(to_out(key, events, v));
+    }
+    for (_, v, matched) in &olds {
+        if *matched {
+            continue;
+        }
+        match old[v.anchor].loc {
+            Some(loc) if hist.files.is_live(loc.file) => {
+                plan.remove_positions.push(loc);
+                plan.stats.removed_by_position += 1;
+            }
+            _ => {
+                plan.remove_rows.push(to_out(key, old, v));
+                plan.stats.removed_by_key += 1;
+            }
+        }
+    }
+    if old.is_empty() && !state_complete && !hc.scd2 {
+        // The key may have a row autocdc did not write.
+        plan.remove_rows.push(OutRow {
+            key: key.into(),
+            vals: (0..hc.cols.len()).map(|c| hc.null(c)).collect(),
+            start: None,
+            end: None,
+        });
+        plan.stats.removed_by_key += 1;
+    }
+    for e in events.iter_mut() {
+        e.loc = None;
+    }
+    for (at, loc) in kept {
+        events[at].loc = Some(loc);
+    }
+    pending
+}
+
+/// Every row to write fills the target's required columns.
+fn check_required(flow: &Flow, hc: &HistCodec, keys: &Rows, inserts: &[OutRow]) -> Result<()> {
     for (j, &c) in hc.cols.iter().enumerate() {
         if !flow.required(c) {
             continue;
         }
-        if let Some(r) = plan.inserts.iter().find(|r| hc.is_null(j, &r.vals[j])) {
-            let row = (0..n).find(|&i| keys.row(i).data() == &*r.key).unwrap_or(0);
+        if let Some(r) = inserts.iter().find(|r| hc.is_null(j, &r.vals[j])) {
+            let row = (0..keys.num_rows())
+                .find(|&i| keys.row(i).data() == &*r.key)
+                .unwrap_or(0);
             return Err(required_null(flow, row, c));
         }
     }
-    plan.remove_positions.sort_unstable();
-    Ok(plan)
+    Ok(())
 }
 
 /// Moves the history forward once the inserts are written: `locs[ordinal]`

@@ -306,6 +306,41 @@ pub(crate) fn sentinel_fingerprints(fps: &mut [u64], forced: Option<&arrow_array
     }
 }
 
+/// What a change does to another change of its key at the same sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SameSequence {
+    /// The other is a delete autocdc made (a truncate's, a key missing from
+    /// a snapshot): any change at its sequence replaces it.
+    ReplacesSentinel,
+    /// The same change again.
+    Duplicate,
+    /// Two different changes, under `on_sequence_tie = "deterministic"`:
+    /// the higher fingerprint wins.
+    Tie { wins: bool },
+}
+
+/// The one rule for two changes of a key at one sequence (`row`: the new
+/// change's row, for the error under `on_sequence_tie = "error"`).
+pub(crate) fn same_sequence(
+    flow: &Flow,
+    row: usize,
+    fp: u64,
+    other_fp: u64,
+    other_is_delete: bool,
+) -> Result<SameSequence> {
+    if other_fp == TRUNCATED_FP && other_is_delete {
+        Ok(SameSequence::ReplacesSentinel)
+    } else if fp == other_fp {
+        Ok(SameSequence::Duplicate)
+    } else if flow.on_tie == TiePolicy::Error {
+        Err(tie_error(flow, row))
+    } else {
+        Ok(SameSequence::Tie {
+            wins: fp > other_fp,
+        })
+    }
+}
+
 /// The error for two different changes of one key with one sequence under
 /// `on_sequence_tie = "error"`.
 pub(crate) fn tie_error(flow: &Flow, row: usize) -> Error {
@@ -374,42 +409,9 @@ pub fn resolve(
         rows_in: n as u64,
         ..Default::default()
     };
-    let tie_error = |row: usize| tie_error(flow, row);
 
     // 1. The winner of each key within the batch.
-    let mut winners: HashTable<u32> = HashTable::with_capacity(n);
-    for i in 0..n {
-        let (h, k, s, fp) = (hashes[i], keys.row(i), seqs.row(i), fingerprints[i]);
-        match winners.find_mut(h, |&w| eq_bytes(keys.row(w as usize).as_ref(), k.as_ref())) {
-            None => {
-                winners.insert_unique(h, i as u32, |&w| hashes[w as usize]);
-            }
-            Some(w) => {
-                let b = *w as usize;
-                let bs = seqs.row(b);
-                match s.as_ref().cmp(bs.as_ref()) {
-                    Ordering::Less => stats.stale += 1,
-                    Ordering::Greater => {
-                        stats.stale += 1;
-                        *w = i as u32;
-                    }
-                    Ordering::Equal if fp == fingerprints[b] => stats.duplicates += 1,
-                    Ordering::Equal => {
-                        if flow.on_tie == TiePolicy::Error {
-                            return Err(tie_error(i));
-                        }
-                        stats.ties += 1;
-                        stats.tie_losers += 1;
-                        if fp > fingerprints[b] {
-                            *w = i as u32;
-                        }
-                    }
-                }
-            }
-        }
-    }
-    let mut rows: Vec<u32> = winners.into_iter().collect();
-    rows.sort_unstable();
+    let rows = winners(flow, &keys, &seqs, &hashes, &fingerprints, &mut stats)?;
 
     // 2. Each winner against the state.
     let mut inserts = Vec::new();
@@ -426,22 +428,21 @@ pub fn resolve(
                     stats.stale += 1;
                     continue;
                 }
-                // A truncate's delete loses to any change at its sequence.
-                Ordering::Equal
-                    if e.fingerprint == TRUNCATED_FP
-                        && matches!(e.value, Value::Tombstone { .. }) => {}
-                Ordering::Equal if fp == e.fingerprint => {
-                    stats.duplicates += 1;
-                    continue;
-                }
                 Ordering::Equal => {
-                    if flow.on_tie == TiePolicy::Error {
-                        return Err(tie_error(i));
-                    }
-                    stats.ties += 1;
-                    if fp < e.fingerprint {
-                        stats.tie_losers += 1;
-                        continue;
+                    let tombstone = matches!(e.value, Value::Tombstone { .. });
+                    match same_sequence(flow, i, fp, e.fingerprint, tombstone)? {
+                        SameSequence::ReplacesSentinel => {}
+                        SameSequence::Duplicate => {
+                            stats.duplicates += 1;
+                            continue;
+                        }
+                        SameSequence::Tie { wins } => {
+                            stats.ties += 1;
+                            if !wins {
+                                stats.tie_losers += 1;
+                                continue;
+                            }
+                        }
                     }
                 }
                 Ordering::Greater => {}
@@ -483,20 +484,7 @@ pub fn resolve(
         }
     }
 
-    // 3. A row to write must fill the target's required columns.
-    for &c in &flow.target_cols {
-        if !flow.required(c) || flow.key_idx.contains(&c) {
-            continue;
-        }
-        let a = batch.column(c);
-        if a.null_count() == 0 {
-            continue;
-        }
-        if let Some(&r) = inserts.iter().find(|&&r| a.is_null(r as usize)) {
-            return Err(required_null(flow, r as usize, c));
-        }
-    }
-
+    // Every inserted row is an upsert, whose required columns `validate` checked.
     remove_positions.sort_unstable();
     Ok(Resolution {
         keys,
@@ -509,6 +497,54 @@ pub fn resolve(
         changes,
         stats,
     })
+}
+
+/// The row of each key's winning change within the batch (ascending);
+/// the others are counted stale, duplicate or tie losers in `stats`.
+fn winners(
+    flow: &Flow,
+    keys: &Rows,
+    seqs: &Rows,
+    hashes: &[u64],
+    fingerprints: &[u64],
+    stats: &mut BatchStats,
+) -> Result<Vec<u32>> {
+    let n = hashes.len();
+    let mut winners: HashTable<u32> = HashTable::with_capacity(n);
+    for i in 0..n {
+        let (h, k, s, fp) = (hashes[i], keys.row(i), seqs.row(i), fingerprints[i]);
+        match winners.find_mut(h, |&w| eq_bytes(keys.row(w as usize).as_ref(), k.as_ref())) {
+            None => {
+                winners.insert_unique(h, i as u32, |&w| hashes[w as usize]);
+            }
+            Some(w) => {
+                let b = *w as usize;
+                let bs = seqs.row(b);
+                match s.as_ref().cmp(bs.as_ref()) {
+                    Ordering::Less => stats.stale += 1,
+                    Ordering::Greater => {
+                        stats.stale += 1;
+                        *w = i as u32;
+                    }
+                    // Within a batch no change is a sentinel to the others.
+                    Ordering::Equal => match same_sequence(flow, i, fp, fingerprints[b], false)? {
+                        SameSequence::Duplicate => stats.duplicates += 1,
+                        SameSequence::Tie { wins } => {
+                            stats.ties += 1;
+                            stats.tie_losers += 1;
+                            if wins {
+                                *w = i as u32;
+                            }
+                        }
+                        SameSequence::ReplacesSentinel => *w = i as u32,
+                    },
+                }
+            }
+        }
+    }
+    let mut rows: Vec<u32> = winners.into_iter().collect();
+    rows.sort_unstable();
+    Ok(rows)
 }
 
 /// Applies a resolution to the state once its rows are written: `locs[ordinal]`

@@ -12,7 +12,7 @@ use super::{COMMIT_BUCKETS, Committed, FlowRuntime, Inner, MAX_BACKOFF, now_ms};
 use crate::error::{Error, Result, codes};
 use crate::fault::Faults;
 use crate::table::catalog::Catalog;
-use crate::table::engine::Engine;
+use crate::table::engine::{CommitReport, Engine, StateSummary};
 
 /// The committer of one flow. Cadence: while data arrives, commits start
 /// `commit_interval` apart (measured start to start), and each takes
@@ -139,6 +139,76 @@ impl FlowRuntime {
             Next::Some
         }
     }
+
+    /// The contiguous run of pending batches after the applied offset, as
+    /// much as one commit takes (`commit_max_rows` / `commit_max_bytes`; a
+    /// snapshot alone): (batches with their snapshot versions, last offset, bytes).
+    fn next_run(&self) -> (Vec<(RecordBatch, Option<i64>)>, i64, u64) {
+        let inner = self.lock();
+        let mut next = inner.status.applied_offset + 1;
+        let (mut rows, mut bytes) = (0u64, 0u64);
+        let mut batches = Vec::new();
+        while let Some(p) = inner.pending.get(&next) {
+            if !batches.is_empty()
+                && (self.flow.from_snapshot
+                    || rows + p.batch.num_rows() as u64 > self.flow.commit.max_rows
+                    || bytes + p.bytes > self.flow.commit.max_bytes)
+            {
+                // A snapshot is applied on its own.
+                break;
+            }
+            rows += p.batch.num_rows() as u64;
+            bytes += p.bytes;
+            batches.push((p.batch.clone(), p.version));
+            next += 1;
+        }
+        (batches, next - 1, bytes)
+    }
+
+    /// The batches `offsets` are committed (or set aside): out of pending,
+    /// into the counters and status. Returns what the committer does next.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &self,
+        offsets: std::ops::RangeInclusive<i64>,
+        bytes: u64,
+        report: &CommitReport,
+        mut rejected: Vec<String>,
+        summary: &StateSummary,
+        ms: f64,
+        now: i64,
+    ) -> Next {
+        let (first, last) = (*offsets.start(), *offsets.end());
+        let mut inner = self.lock();
+        let mut rows = 0;
+        for off in first..=last {
+            if let Some(p) = inner.pending.remove(&off) {
+                rows += p.batch.num_rows() as u64;
+            }
+        }
+        let s = &mut inner.status;
+        s.pending_batches -= (last - first + 1) as usize;
+        s.pending_rows -= rows;
+        s.pending_bytes -= bytes;
+        s.applied_offset = last;
+        s.counters.add(&report.stats);
+        s.rejected_at_commit += rejected.len() as u64;
+        if let Some(r) = rejected.pop() {
+            s.last_rejection = Some(r);
+        }
+        s.state_keys = summary.keys;
+        s.state_tombstones = summary.tombstones;
+        s.last_error = None;
+        s.degraded = false;
+        if let Some(id) = report.snapshot_id {
+            s.committed_offset = last;
+            s.last_snapshot_id = Some(id);
+            s.last_commit_ms = Some(now);
+            s.commits += 1;
+            s.commit_ms_total += ms;
+        }
+        self.next_after_commit(&inner)
+    }
 }
 
 /// Commits the contiguous run of pending batches after the applied offset
@@ -162,27 +232,7 @@ async fn commit_once(
         );
     }
     let eng = engine.as_mut().expect("opened above");
-    let (batches, last, bytes) = {
-        let inner = rt.lock();
-        let mut next = inner.status.applied_offset + 1;
-        let (mut rows, mut bytes) = (0u64, 0u64);
-        let mut batches = Vec::new();
-        while let Some(p) = inner.pending.get(&next) {
-            if !batches.is_empty()
-                && (rt.flow.from_snapshot
-                    || rows + p.batch.num_rows() as u64 > rt.flow.commit.max_rows
-                    || bytes + p.bytes > rt.flow.commit.max_bytes)
-            {
-                // A snapshot is applied on its own.
-                break;
-            }
-            rows += p.batch.num_rows() as u64;
-            bytes += p.bytes;
-            batches.push((p.batch.clone(), p.version));
-            next += 1;
-        }
-        (batches, next - 1, bytes)
-    };
+    let (batches, last, bytes) = rt.next_run();
     if batches.is_empty() {
         return Ok(Next::Empty);
     }
@@ -215,34 +265,18 @@ async fn commit_once(
             // A snapshot the ingest checks let through: set it aside.
             dead_letter(rt, last, &e, &batches[0].0)?;
             rejected.push(format!("offset {last}: {e}"));
-            crate::table::engine::CommitReport::default()
+            CommitReport::default()
         }
         Err(Error::Batch { .. }) => {
             // A batch that meets another (a sequence tie under
             // on_sequence_tie = "error"): apply one by one, drop the rejected.
-            let mut total = crate::table::engine::CommitReport::default();
-            for (i, (b, _)) in batches.iter().enumerate() {
-                match eng.apply_at(b, now, first + i as i64).await {
-                    Ok(r) => {
-                        total.stats.add(&r.stats);
-                        total.snapshot_id = r.snapshot_id.or(total.snapshot_id);
-                    }
-                    Err(e @ Error::Batch { .. }) => {
-                        // Kept before a later batch's commit moves the
-                        // recorded offset past it.
-                        if let Err(de) = dead_letter(rt, first + i as i64, &e, b) {
-                            *engine = None;
-                            return Err(de);
-                        }
-                        rejected.push(format!("offset {}: {e}", first + i as i64))
-                    }
-                    Err(e) => {
-                        *engine = None;
-                        return Err(e);
-                    }
+            match apply_one_by_one(rt, eng, &batches, first, now, &mut rejected).await {
+                Ok(total) => total,
+                Err(e) => {
+                    *engine = None;
+                    return Err(e);
                 }
             }
-            total
         }
         Err(e) => {
             // The engine may be ahead of the catalog: reopen it next time.
@@ -252,37 +286,7 @@ async fn commit_once(
     };
     let ms = started.elapsed().as_secs_f64() * 1e3;
     let summary = eng.summary();
-    let next = {
-        let mut inner = rt.lock();
-        let mut rows = 0;
-        for off in first..=last {
-            if let Some(p) = inner.pending.remove(&off) {
-                rows += p.batch.num_rows() as u64;
-            }
-        }
-        let s = &mut inner.status;
-        s.pending_batches -= n;
-        s.pending_rows -= rows;
-        s.pending_bytes -= bytes;
-        s.applied_offset = last;
-        s.counters.add(&report.stats);
-        s.rejected_at_commit += rejected.len() as u64;
-        if let Some(r) = rejected.pop() {
-            s.last_rejection = Some(r);
-        }
-        s.state_keys = summary.keys;
-        s.state_tombstones = summary.tombstones;
-        s.last_error = None;
-        s.degraded = false;
-        if let Some(id) = report.snapshot_id {
-            s.committed_offset = last;
-            s.last_snapshot_id = Some(id);
-            s.last_commit_ms = Some(now);
-            s.commits += 1;
-            s.commit_ms_total += ms;
-        }
-        rt.next_after_commit(&inner)
-    };
+    let next = rt.record(first..=last, bytes, &report, rejected, &summary, ms, now);
     if report.snapshot_id.is_some() {
         rt.record_commit_ms(ms);
         let mut h = rt.commit_hist.lock().unwrap_or_else(|e| e.into_inner());
@@ -301,6 +305,35 @@ async fn commit_once(
         .release(last, now.saturating_sub(window.as_millis() as i64))
         .await?;
     Ok(next)
+}
+
+/// Applies `batches` (offsets from `first`) one commit each; a batch the
+/// engine refuses goes to the dead letters and into `rejected`.
+async fn apply_one_by_one(
+    rt: &FlowRuntime,
+    eng: &mut Engine,
+    batches: &[(RecordBatch, Option<i64>)],
+    first: i64,
+    now: i64,
+    rejected: &mut Vec<String>,
+) -> Result<CommitReport> {
+    let mut total = CommitReport::default();
+    for (i, (b, _)) in batches.iter().enumerate() {
+        match eng.apply_at(b, now, first + i as i64).await {
+            Ok(r) => {
+                total.stats.add(&r.stats);
+                total.snapshot_id = r.snapshot_id.or(total.snapshot_id);
+            }
+            Err(e @ Error::Batch { .. }) => {
+                // Kept before a later batch's commit moves the
+                // recorded offset past it.
+                dead_letter(rt, first + i as i64, &e, b)?;
+                rejected.push(format!("offset {}: {e}", first + i as i64))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(total)
 }
 
 /// Sets an acknowledged batch that cannot be applied aside, durably.

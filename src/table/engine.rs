@@ -378,6 +378,72 @@ fn check_schema(flow: &Flow, meta: &TableMetadata) -> Result<()> {
     Ok(())
 }
 
+/// The target and the state table, each created when missing (the target
+/// checked against the definition when it exists).
+async fn open_tables(flow: &Flow, catalog: &dyn Catalog) -> Result<(TableState, TableState)> {
+    let target = match catalog.load_table(&flow.target).await? {
+        Some(t) => {
+            check_schema(flow, &t.metadata)?;
+            t
+        }
+        None => {
+            catalog
+                .create_table(
+                    &flow.target,
+                    flow.target_schema.clone(),
+                    flow.partition_spec.clone().into_unbound(),
+                    target_properties(flow),
+                )
+                .await?
+        }
+    };
+    let state_ident = flow.state_ident();
+    let state_tbl = match catalog.load_table(&state_ident).await? {
+        Some(t) => t,
+        None => {
+            let props = HashMap::from([(PROP_FLOW.to_string(), flow.name.clone())]);
+            catalog
+                .create_table(
+                    &state_ident,
+                    state_table::schema(flow)?,
+                    UnboundPartitionSpec::builder().build(),
+                    props,
+                )
+                .await?
+        }
+    };
+    Ok((target, state_tbl))
+}
+
+/// The state table's rows as of snapshot `sid` (the one the target names).
+async fn read_state(
+    flow: &Flow,
+    catalog: &dyn Catalog,
+    state_tbl: &TableState,
+    sid: i64,
+) -> Result<Vec<RecordBatch>> {
+    if state_tbl.metadata.snapshot_by_id(sid).is_none() {
+        return Err(Error::State {
+            code: codes::STATE_SNAPSHOT_MISSING,
+            message: format!(
+                "flow `{}`: the target names state snapshot {sid}, which {} does not have; the state table was removed or expired. Run `autocdc refresh --full {}`",
+                flow.name,
+                flow.state_ident(),
+                flow.name
+            ),
+        });
+    }
+    let t = state_tbl.table(catalog.file_io())?;
+    Ok(t.scan()
+        .snapshot_id(sid)
+        .select_all()
+        .build()?
+        .to_arrow()
+        .await?
+        .try_collect()
+        .await?)
+}
+
 impl Engine {
     /// Opens the flow: creates the target and the state table when missing,
     /// then recovers the state as of the target's latest autocdc commit.
@@ -407,37 +473,7 @@ impl Engine {
         log: Option<LogRef>,
     ) -> Result<Engine> {
         let codec = Codec::new(&flow)?;
-        let target = match catalog.load_table(&flow.target).await? {
-            Some(t) => {
-                check_schema(&flow, &t.metadata)?;
-                t
-            }
-            None => {
-                catalog
-                    .create_table(
-                        &flow.target,
-                        flow.target_schema.clone(),
-                        flow.partition_spec.clone().into_unbound(),
-                        target_properties(&flow),
-                    )
-                    .await?
-            }
-        };
-        let state_ident = flow.state_ident();
-        let state_tbl = match catalog.load_table(&state_ident).await? {
-            Some(t) => t,
-            None => {
-                let props = HashMap::from([(PROP_FLOW.to_string(), flow.name.clone())]);
-                catalog
-                    .create_table(
-                        &state_ident,
-                        state_table::schema(&flow)?,
-                        UnboundPartitionSpec::builder().build(),
-                        props,
-                    )
-                    .await?
-            }
-        };
+        let (target, state_tbl) = open_tables(&flow, catalog.as_ref()).await?;
         let (marker, foreign) = our_latest(&target.metadata, &flow.name);
         let num =
             |m: &HashMap<String, String>, k: &str| m.get(k).and_then(|v| v.parse::<i64>().ok());
@@ -455,26 +491,8 @@ impl Engine {
         let mut state = FlowState::new(&flow)?;
         let mut state_log_rows = 0;
         if let Some(sid) = state_snapshot {
-            if state_tbl.metadata.snapshot_by_id(sid).is_none() {
-                return Err(Error::State {
-                    code: codes::STATE_SNAPSHOT_MISSING,
-                    message: format!(
-                        "flow `{}`: the target names state snapshot {sid}, which {} does not have; the state table was removed or expired. Run `autocdc refresh --full {}`",
-                        flow.name, state_ident, flow.name
-                    ),
-                });
-            }
-            let t = state_tbl.table(catalog.file_io())?;
-            let batches: Vec<RecordBatch> = t
-                .scan()
-                .snapshot_id(sid)
-                .select_all()
-                .build()?
-                .to_arrow()
-                .await?
-                .try_collect()
-                .await?;
-            state_log_rows = state.load(&flow, &codec, &batches)?;
+            let rows = read_state(&flow, catalog.as_ref(), &state_tbl, sid).await?;
+            state_log_rows = state.load(&flow, &codec, &rows)?;
         }
         let partitioner = Partitioner::new(
             target.metadata.default_partition_spec().clone(),

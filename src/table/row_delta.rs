@@ -53,6 +53,37 @@ fn new_snapshot_id(table: &TableState) -> i64 {
     }
 }
 
+/// The snapshot summary: our properties, the added-* figures of the new
+/// files, and total-* = the base's totals (none when `replace`) + added.
+fn summary_properties(
+    mut props: HashMap<String, String>,
+    added: HashMap<String, String>,
+    prev: Option<&HashMap<String, String>>,
+    replace: bool,
+) -> HashMap<String, String> {
+    let empty = HashMap::new();
+    let prev_props = prev.unwrap_or(&empty);
+    let num = |m: &HashMap<String, String>, k: &str| {
+        m.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    };
+    props.extend(added.clone());
+    for (total, add) in TOTALS {
+        let before = if replace { 0 } else { num(prev_props, total) };
+        props.insert(total.to_string(), (before + num(&added, add)).to_string());
+    }
+    if replace && prev.is_some() {
+        props.insert(
+            "deleted-data-files".into(),
+            num(prev_props, "total-data-files").to_string(),
+        );
+        props.insert(
+            "deleted-records".into(),
+            num(prev_props, "total-records").to_string(),
+        );
+    }
+    props
+}
+
 pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> Result<Produced> {
     let meta = &table.metadata;
     let snapshot_id = new_snapshot_id(table);
@@ -95,31 +126,8 @@ pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> R
         manifests.extend(list.consume_entries());
     }
 
-    // Summary: added-* from the collector, total-* = base totals + added.
-    let added = summary.build();
-    let prev: HashMap<String, String> = base
-        .as_ref()
-        .map(|b| b.summary().additional_properties.clone())
-        .unwrap_or_default();
-    let num = |m: &HashMap<String, String>, k: &str| {
-        m.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-    };
-    let mut props = delta.properties;
-    props.extend(added.clone());
-    for (total, add) in TOTALS {
-        let before = if delta.replace { 0 } else { num(&prev, total) };
-        props.insert(total.to_string(), (before + num(&added, add)).to_string());
-    }
-    if delta.replace && base.is_some() {
-        props.insert(
-            "deleted-data-files".into(),
-            num(&prev, "total-data-files").to_string(),
-        );
-        props.insert(
-            "deleted-records".into(),
-            num(&prev, "total-records").to_string(),
-        );
-    }
+    let prev = base.as_ref().map(|b| &b.summary().additional_properties);
+    let props = summary_properties(delta.properties, summary.build(), prev, delta.replace);
     let operation = match (
         delta.data.is_empty(),
         delta.deletes.is_empty() && !delta.replace,

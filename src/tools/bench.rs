@@ -9,17 +9,17 @@ use std::time::Instant;
 
 use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
 use clap::Args;
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
 
-use crate::core::flow::{Flow, FlowConfig};
+use crate::core::flow::Flow;
 use crate::error::{Error, Result};
 use crate::fault::Faults;
 use crate::service::input;
 use crate::table::catalog::{Catalog, hadoop::HadoopCatalog};
 use crate::table::engine::Engine;
 use crate::tools::cli::now_ms;
+use crate::tools::generate;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -52,28 +52,12 @@ pub struct BenchArgs {
     pub flows: String,
 }
 
-const FLOW: &str = r#"
-name = "bench"
-target = "bench.events"
-keys = ["id"]
-sequence_by = "seq"
-apply_as_deletes = "op = 'DELETE'"
-columns = [
-  { name = "id", type = "long", required = true },
-  { name = "seq", type = "long", required = true },
-  { name = "op", type = "string", required = true },
-  { name = "amount", type = "double" },
-  { name = "note", type = "string" },
-]
-"#;
-
 fn bench_flow(target: &str) -> Result<Flow> {
     kind_flow(target, "scd1")
 }
 
 fn kind_flow(target: &str, kind: &str) -> Result<Flow> {
-    let mut cfg: FlowConfig = toml::from_str(FLOW).map_err(|e| Error::Config(e.to_string()))?;
-    cfg.target = target.to_string();
+    let mut cfg = generate::changes_flow("bench", target)?;
     match kind {
         "scd1" => {}
         "scd2" => cfg.stored_as_scd_type = 2,
@@ -85,45 +69,6 @@ fn kind_flow(target: &str, kind: &str) -> Result<Flow> {
         }
     }
     Flow::new(cfg)
-}
-
-/// `n` events over `keys` keys with unique, shuffled sequences.
-fn events(
-    flow: &Flow,
-    rng: &mut StdRng,
-    n: usize,
-    keys: usize,
-    key_base: i64,
-    seq_base: i64,
-    del: f64,
-) -> Result<RecordBatch> {
-    let mut seqs: Vec<i64> = (0..n as i64).map(|s| s + seq_base).collect();
-    seqs.shuffle(rng);
-    let ids: Vec<i64> = (0..n)
-        .map(|_| key_base + rng.random_range(0..keys as i64))
-        .collect();
-    let ops: Vec<&str> = (0..n)
-        .map(|_| {
-            if rng.random::<f64>() < del {
-                "DELETE"
-            } else {
-                "UPSERT"
-            }
-        })
-        .collect();
-    let amount: Vec<f64> = (0..n).map(|_| rng.random_range(0.0..1000.0)).collect();
-    let notes = ["new", "paid", "shipped", "returned"];
-    let note: Vec<&str> = (0..n)
-        .map(|_| notes[rng.random_range(0..notes.len())])
-        .collect();
-    let cols: Vec<ArrayRef> = vec![
-        Arc::new(Int64Array::from(ids)),
-        Arc::new(Int64Array::from(seqs)),
-        Arc::new(StringArray::from(ops)),
-        Arc::new(Float64Array::from(amount)),
-        Arc::new(StringArray::from(note)),
-    ];
-    Ok(RecordBatch::try_new(flow.source_arrow.clone(), cols)?)
 }
 
 fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
@@ -184,8 +129,8 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         args.delete_fraction * 100.0,
         args.batches
     );
-    let all = events(
-        &flow,
+    let all = generate::changes(
+        &flow.source_arrow,
         &mut rng,
         args.events,
         args.keys,
@@ -240,47 +185,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             .collect::<Result<_>>()?
     };
     for &size in &sizes {
-        let target = format!("bench.t{size}");
-        let flow = bench_flow(&target)?;
-        let mut engine =
-            Engine::open(flow.clone(), catalog.clone(), Arc::new(Faults::default())).await?;
-        // Load `size` distinct keys, 1M rows per commit.
-        let chunk = 1_000_000usize;
-        let t = Instant::now();
-        let mut loaded = 0;
-        while loaded < size {
-            let n = chunk.min(size - loaded);
-            let ids: Vec<i64> = (loaded as i64..(loaded + n) as i64).collect();
-            let b = RecordBatch::try_new(
-                flow.source_arrow.clone(),
-                vec![
-                    Arc::new(Int64Array::from(ids)) as ArrayRef,
-                    Arc::new(Int64Array::from(vec![0i64; n])),
-                    Arc::new(StringArray::from(vec!["UPSERT"; n])),
-                    Arc::new(Float64Array::from(vec![1.0; n])),
-                    Arc::new(StringArray::from(vec!["new"; n])),
-                ],
-            )?;
-            engine.apply(&b, now_ms()).await?;
-            loaded += n;
-        }
-        let load_secs = t.elapsed().as_secs_f64();
-        let small = events(
-            &flow,
-            &mut rng,
-            args.small_batch,
-            size,
-            0,
-            1,
-            args.delete_fraction,
-        )?;
-        let t = Instant::now();
-        let r = engine.apply(&small, now_ms()).await?;
-        let apply_ms = t.elapsed().as_secs_f64() * 1e3;
-        println!(
-            "one {}-event batch into a table of {} rows: {:.0} ms (upserts {}, deletes {}; loading the table took {:.1} s)",
-            args.small_batch, size, apply_ms, r.stats.upserts, r.stats.deletes, load_secs
-        );
+        small_batch_run(&args, &catalog, &mut rng, size).await?;
     }
     if let Some(rss) = peak_rss_bytes() {
         println!("peak RSS: {:.0} MiB", rss as f64 / 1048576.0);
@@ -288,6 +193,58 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     if args.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
+    Ok(())
+}
+
+/// One `args.small_batch`-event batch into a table of `size` rows (loaded
+/// first, 1M rows per commit): the latency of a commit as the table grows.
+async fn small_batch_run(
+    args: &BenchArgs,
+    catalog: &Arc<dyn Catalog>,
+    rng: &mut StdRng,
+    size: usize,
+) -> Result<()> {
+    let target = format!("bench.t{size}");
+    let flow = bench_flow(&target)?;
+    let mut engine =
+        Engine::open(flow.clone(), catalog.clone(), Arc::new(Faults::default())).await?;
+    // Load `size` distinct keys, 1M rows per commit.
+    let chunk = 1_000_000usize;
+    let t = Instant::now();
+    let mut loaded = 0;
+    while loaded < size {
+        let n = chunk.min(size - loaded);
+        let ids: Vec<i64> = (loaded as i64..(loaded + n) as i64).collect();
+        let b = RecordBatch::try_new(
+            flow.source_arrow.clone(),
+            vec![
+                Arc::new(Int64Array::from(ids)) as ArrayRef,
+                Arc::new(Int64Array::from(vec![0i64; n])),
+                Arc::new(StringArray::from(vec!["UPSERT"; n])),
+                Arc::new(Float64Array::from(vec![1.0; n])),
+                Arc::new(StringArray::from(vec!["new"; n])),
+            ],
+        )?;
+        engine.apply(&b, now_ms()).await?;
+        loaded += n;
+    }
+    let load_secs = t.elapsed().as_secs_f64();
+    let small = generate::changes(
+        &flow.source_arrow,
+        rng,
+        args.small_batch,
+        size,
+        0,
+        1,
+        args.delete_fraction,
+    )?;
+    let t = Instant::now();
+    let r = engine.apply(&small, now_ms()).await?;
+    let apply_ms = t.elapsed().as_secs_f64() * 1e3;
+    println!(
+        "one {}-event batch into a table of {} rows: {:.0} ms (upserts {}, deletes {}; loading the table took {:.1} s)",
+        args.small_batch, size, apply_ms, r.stats.upserts, r.stats.deletes, load_secs
+    );
     Ok(())
 }
 

@@ -204,39 +204,7 @@ pub async fn run(cli: Cli) -> Result<()> {
                     format,
                     no_null_keys,
                 },
-        } => {
-            let cfg = GhostKitchen {
-                orders,
-                seed,
-                files,
-                null_keys: !no_null_keys,
-                ..Default::default()
-            };
-            let (batches, stats) = gk::generate(&cfg);
-            let paths = match format.as_str() {
-                "parquet" => gk::write_parquet(&out, &batches),
-                "ndjson" => gk::write_ndjson(&out, &batches),
-                other => {
-                    return Err(Error::Config(format!(
-                        "--format {other}: use parquet or ndjson"
-                    )));
-                }
-            }
-            .map_err(|e| Error::Config(format!("writing {}: {e}", out.display())))?;
-            let flow_file = out.join("flow.toml");
-            std::fs::write(
-                &flow_file,
-                gk::ghost_kitchen_flow_toml("ghost_kitchen", "kitchen.orders"),
-            )?;
-            println!(
-                "wrote {} files ({}) to {}",
-                paths.len(),
-                describe(&stats),
-                out.display()
-            );
-            println!("flow definition: {}", flow_file.display());
-            Ok(())
-        }
+        } => gen_ghost_kitchen(orders, seed, files, &out, &format, no_null_keys),
         Command::Demo {
             warehouse,
             orders,
@@ -248,69 +216,9 @@ pub async fn run(cli: Cli) -> Result<()> {
             warehouse,
             table,
             limit,
-        } => {
-            let catalog = match warehouse {
-                Some(warehouse) => open_catalog(&CatalogConfig::Hadoop {
-                    warehouse,
-                    s3: None,
-                })?,
-                None => open_catalog(&load_config(&config)?.catalog)?,
-            };
-            let ident = parse_table_ident("show", &table)?;
-            let Some(t) = catalog.load_table(&ident).await? else {
-                return Err(Error::Config(format!(
-                    "table {table} does not exist in the catalog"
-                )));
-            };
-            let batches = engine::scan(catalog.as_ref(), &t).await?;
-            let total: usize = batches.iter().map(|b| b.num_rows()).sum();
-            print_rows(&batches, limit)?;
-            println!(
-                "({total} rows; snapshot {:?})",
-                t.metadata.current_snapshot_id()
-            );
-            Ok(())
-        }
-        Command::State { config, table } => {
-            let config = load_config(&config)?;
-            let flow = config
-                .flows()?
-                .into_iter()
-                .find(|f| f.name == table || f.config.target == table)
-                .ok_or_else(|| {
-                    Error::Config(format!("no flow writes `{table}` in the configuration"))
-                })?;
-            let catalog = open_catalog(&config.catalog)?;
-            if catalog.load_table(&flow.target).await?.is_none() {
-                return Err(Error::Config(format!(
-                    "table {} does not exist yet; apply changes first",
-                    flow.target
-                )));
-            }
-            let engine = Engine::open(flow, catalog, Arc::new(Faults::default())).await?;
-            println!("{}", serde_json::to_string_pretty(&engine.summary())?);
-            Ok(())
-        }
-        Command::Refresh { config, full, flow } => {
-            if !full {
-                return Err(Error::Config(
-                    "only `refresh --full` exists: it drops the target and its state".into(),
-                ));
-            }
-            let config = load_config(&config)?;
-            let flow = config.flow(&flow)?;
-            let catalog = open_catalog(&config.catalog)?;
-            let t = catalog.drop_table(&flow.target).await?;
-            let s = catalog.drop_table(&flow.state_ident()).await?;
-            println!(
-                "dropped {} ({}) and {} ({}); the next apply rebuilds both from the input it is given",
-                flow.target,
-                if t { "existed" } else { "absent" },
-                flow.state_ident(),
-                if s { "existed" } else { "absent" }
-            );
-            Ok(())
-        }
+        } => show(&config, warehouse, &table, limit).await,
+        Command::State { config, table } => state(&config, &table).await,
+        Command::Refresh { config, full, flow } => refresh(&config, full, &flow).await,
         Command::Bench(args) => crate::tools::bench::run(args).await,
         Command::BenchServe(args) => crate::tools::loadgen::run(args).await,
         Command::Soak(args) => crate::tools::soak::run(args).await,
@@ -353,6 +261,115 @@ pub async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `autocdc gen ghost-kitchen`: the synthetic feed as files, with its flow definition.
+fn gen_ghost_kitchen(
+    orders: usize,
+    seed: u64,
+    files: usize,
+    out: &Path,
+    format: &str,
+    no_null_keys: bool,
+) -> Result<()> {
+    let cfg = GhostKitchen {
+        orders,
+        seed,
+        files,
+        null_keys: !no_null_keys,
+        ..Default::default()
+    };
+    let (batches, stats) = gk::generate(&cfg);
+    let paths = match format {
+        "parquet" => gk::write_parquet(out, &batches),
+        "ndjson" => gk::write_ndjson(out, &batches),
+        other => {
+            return Err(Error::Config(format!(
+                "--format {other}: use parquet or ndjson"
+            )));
+        }
+    }
+    .map_err(|e| Error::Config(format!("writing {}: {e}", out.display())))?;
+    let flow_file = out.join("flow.toml");
+    std::fs::write(
+        &flow_file,
+        gk::ghost_kitchen_flow_toml("ghost_kitchen", "kitchen.orders"),
+    )?;
+    println!(
+        "wrote {} files ({}) to {}",
+        paths.len(),
+        describe(&stats),
+        out.display()
+    );
+    println!("flow definition: {}", flow_file.display());
+    Ok(())
+}
+
+/// `autocdc show`: a table's rows through a real Iceberg scan.
+async fn show(config: &Path, warehouse: Option<String>, table: &str, limit: usize) -> Result<()> {
+    let catalog = match warehouse {
+        Some(warehouse) => open_catalog(&CatalogConfig::Hadoop {
+            warehouse,
+            s3: None,
+        })?,
+        None => open_catalog(&load_config(config)?.catalog)?,
+    };
+    let ident = parse_table_ident("show", table)?;
+    let Some(t) = catalog.load_table(&ident).await? else {
+        return Err(Error::Config(format!(
+            "table {table} does not exist in the catalog"
+        )));
+    };
+    let batches = engine::scan(catalog.as_ref(), &t).await?;
+    let total: usize = batches.iter().map(|b| b.num_rows()).sum();
+    print_rows(&batches, limit)?;
+    println!(
+        "({total} rows; snapshot {:?})",
+        t.metadata.current_snapshot_id()
+    );
+    Ok(())
+}
+
+/// `autocdc state`: the key state of the flow that writes `table`.
+async fn state(config: &Path, table: &str) -> Result<()> {
+    let config = load_config(config)?;
+    let flow = config
+        .flows()?
+        .into_iter()
+        .find(|f| f.name == table || f.config.target == table)
+        .ok_or_else(|| Error::Config(format!("no flow writes `{table}` in the configuration")))?;
+    let catalog = open_catalog(&config.catalog)?;
+    if catalog.load_table(&flow.target).await?.is_none() {
+        return Err(Error::Config(format!(
+            "table {} does not exist yet; apply changes first",
+            flow.target
+        )));
+    }
+    let engine = Engine::open(flow, catalog, Arc::new(Faults::default())).await?;
+    println!("{}", serde_json::to_string_pretty(&engine.summary())?);
+    Ok(())
+}
+
+/// `autocdc refresh --full`: drops the target and its state.
+async fn refresh(config: &Path, full: bool, flow: &str) -> Result<()> {
+    if !full {
+        return Err(Error::Config(
+            "only `refresh --full` exists: it drops the target and its state".into(),
+        ));
+    }
+    let config = load_config(config)?;
+    let flow = config.flow(flow)?;
+    let catalog = open_catalog(&config.catalog)?;
+    let t = catalog.drop_table(&flow.target).await?;
+    let s = catalog.drop_table(&flow.state_ident()).await?;
+    println!(
+        "dropped {} ({}) and {} ({}); the next apply rebuilds both from the input it is given",
+        flow.target,
+        if t { "existed" } else { "absent" },
+        flow.state_ident(),
+        if s { "existed" } else { "absent" }
+    );
+    Ok(())
 }
 
 fn progress(len: u64) -> ProgressBar {
@@ -536,6 +553,53 @@ fn print_rows(batches: &[RecordBatch], limit: usize) -> Result<()> {
     Ok(())
 }
 
+/// (order_id, seq) of every row of the demo table.
+fn order_seqs(rows: &[RecordBatch]) -> Result<HashSet<(i64, i64)>> {
+    let mut table: HashSet<(i64, i64)> = HashSet::new();
+    for b in rows {
+        let ids = b
+            .column_by_name("order_id")
+            .map(|c| c.as_primitive::<Int64Type>().clone());
+        let seqs = b
+            .column_by_name("seq")
+            .map(|c| c.as_primitive::<Int64Type>().clone());
+        let (Some(ids), Some(seqs)) = (ids, seqs) else {
+            return Err(Error::Config("the demo table lacks order_id or seq".into()));
+        };
+        for r in 0..b.num_rows() {
+            table.insert((ids.value(r), seqs.value(r)));
+        }
+    }
+    Ok(table)
+}
+
+/// The demo's oracle: per order the latest event by seq, cancelled orders
+/// dropped, as (order_id, seq).
+fn naive_recomputation(flow: &Flow, applied: &[RecordBatch]) -> Result<HashSet<(i64, i64)>> {
+    let mut latest: HashMap<i64, (i64, bool)> = HashMap::new();
+    for b in applied {
+        let ids = b.column(flow.key_idx[0]).as_primitive::<Int64Type>();
+        let seqs = b
+            .column_by_name("seq")
+            .map(|c| c.as_primitive::<Int64Type>().clone());
+        let ops = b.column_by_name("op").map(|c| c.as_string::<i32>().clone());
+        let (Some(seqs), Some(ops)) = (seqs, ops) else {
+            return Err(Error::Config("the demo feed lacks seq or op".into()));
+        };
+        for r in 0..b.num_rows() {
+            let e = latest.entry(ids.value(r)).or_insert((i64::MIN, false));
+            if seqs.value(r) > e.0 {
+                *e = (seqs.value(r), ops.value(r) == "DELETE");
+            }
+        }
+    }
+    Ok(latest
+        .into_iter()
+        .filter(|(_, (_, del))| !del)
+        .map(|(k, (s, _))| (k, s))
+        .collect())
+}
+
 /// `autocdc demo`: a day of ghost-kitchen orders through the whole path.
 async fn demo(warehouse: &str, orders: usize, batches: usize, seed: u64) -> Result<()> {
     let config = Config::from_toml(&format!(
@@ -604,21 +668,7 @@ async fn demo(warehouse: &str, orders: usize, batches: usize, seed: u64) -> Resu
 
     let rows = engine.scan_target().await?;
     let by_status = status_counts(&rows)?;
-    let mut table: HashSet<(i64, i64)> = HashSet::new();
-    for b in &rows {
-        let ids = b
-            .column_by_name("order_id")
-            .map(|c| c.as_primitive::<Int64Type>().clone());
-        let seqs = b
-            .column_by_name("seq")
-            .map(|c| c.as_primitive::<Int64Type>().clone());
-        let (Some(ids), Some(seqs)) = (ids, seqs) else {
-            return Err(Error::Config("the demo table lacks order_id or seq".into()));
-        };
-        for r in 0..b.num_rows() {
-            table.insert((ids.value(r), seqs.value(r)));
-        }
-    }
+    let table = order_seqs(&rows)?;
     println!("live orders by status at the end of the day:");
     for (s, n) in &by_status {
         println!("  {s:<18} {n}");
@@ -629,29 +679,7 @@ async fn demo(warehouse: &str, orders: usize, batches: usize, seed: u64) -> Resu
         total.deletes, s.tombstones, s.keys, s.bytes_per_key
     );
 
-    // The naive recomputation: latest event per order by seq, cancelled ones dropped.
-    let mut latest: HashMap<i64, (i64, bool)> = HashMap::new();
-    for b in &applied {
-        let ids = b.column(flow.key_idx[0]).as_primitive::<Int64Type>();
-        let seqs = b
-            .column_by_name("seq")
-            .map(|c| c.as_primitive::<Int64Type>().clone());
-        let ops = b.column_by_name("op").map(|c| c.as_string::<i32>().clone());
-        let (Some(seqs), Some(ops)) = (seqs, ops) else {
-            return Err(Error::Config("the demo feed lacks seq or op".into()));
-        };
-        for r in 0..b.num_rows() {
-            let e = latest.entry(ids.value(r)).or_insert((i64::MIN, false));
-            if seqs.value(r) > e.0 {
-                *e = (seqs.value(r), ops.value(r) == "DELETE");
-            }
-        }
-    }
-    let naive: HashSet<(i64, i64)> = latest
-        .into_iter()
-        .filter(|(_, (_, del))| !del)
-        .map(|(k, (s, _))| (k, s))
-        .collect();
+    let naive = naive_recomputation(&flow, &applied)?;
     let matches = naive == table;
     println!(
         "naive recomputation (latest per order, cancelled dropped): {} rows; Iceberg table: {} rows; match as sets: {}",

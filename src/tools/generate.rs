@@ -1,3 +1,8 @@
+//! The synthetic feeds, one module for every tool that needs input:
+//! `changes` (random upserts and deletes over a key range, shuffled
+//! sequences: `bench`, `bench-serve`, `soak`) and the "ghost kitchen" feed
+//! (`gen`, `demo`).
+//!
 //! Synthetic "ghost kitchen" change feed.
 //!
 //! A delivery-only restaurant's order lifecycle log:
@@ -452,6 +457,82 @@ columns = [
         toml_string(name),
         toml_string(target)
     )
+}
+
+/// The flow the `changes` feed fits: `id` keys it, `seq` orders it,
+/// `op = 'DELETE'` deletes; `amount` and `note` are values.
+pub const CHANGES_FLOW: &str = r#"
+name = "changes"
+target = "bench.events"
+keys = ["id"]
+sequence_by = "seq"
+apply_as_deletes = "op = 'DELETE'"
+columns = [
+  { name = "id", type = "long", required = true },
+  { name = "seq", type = "long", required = true },
+  { name = "op", type = "string", required = true },
+  { name = "amount", type = "double" },
+  { name = "note", type = "string" },
+]
+"#;
+
+/// `CHANGES_FLOW` named `name`, writing `target`.
+pub fn changes_flow(name: &str, target: &str) -> crate::Result<crate::core::flow::FlowConfig> {
+    let mut cfg: crate::core::flow::FlowConfig =
+        toml::from_str(CHANGES_FLOW).map_err(|e| crate::Error::Config(e.to_string()))?;
+    cfg.name = name.to_string();
+    cfg.target = target.to_string();
+    Ok(cfg)
+}
+
+/// `n` change events of `CHANGES_FLOW` (in `schema`, its source schema)
+/// over ids `key_base..key_base + keys`, with the unique sequences
+/// `seq_base..seq_base + n` shuffled; about `delete_fraction` are deletes.
+pub fn changes(
+    schema: &SchemaRef,
+    rng: &mut StdRng,
+    n: usize,
+    keys: usize,
+    key_base: i64,
+    seq_base: i64,
+    delete_fraction: f64,
+) -> crate::Result<RecordBatch> {
+    use rand::seq::SliceRandom;
+    let mut seqs: Vec<i64> = (0..n as i64).map(|s| s + seq_base).collect();
+    seqs.shuffle(rng);
+    let ids: Vec<i64> = (0..n)
+        .map(|_| key_base + rng.random_range(0..keys.max(1) as i64))
+        .collect();
+    let ops: Vec<&str> = (0..n)
+        .map(|_| {
+            if rng.random::<f64>() < delete_fraction {
+                "DELETE"
+            } else {
+                "UPSERT"
+            }
+        })
+        .collect();
+    let amount: Vec<f64> = (0..n).map(|_| rng.random_range(0.0..1000.0)).collect();
+    let notes = ["new", "paid", "shipped", "returned"];
+    let note: Vec<&str> = (0..n)
+        .map(|_| notes[rng.random_range(0..notes.len())])
+        .collect();
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(ids)),
+        Arc::new(Int64Array::from(seqs)),
+        Arc::new(StringArray::from(ops)),
+        Arc::new(arrow_array::Float64Array::from(amount)),
+        Arc::new(StringArray::from(note)),
+    ];
+    Ok(RecordBatch::try_new(schema.clone(), cols)?)
+}
+
+/// `batch` as NDJSON.
+pub fn to_ndjson(batch: &RecordBatch) -> crate::Result<Vec<u8>> {
+    let mut w = arrow_json::LineDelimitedWriter::new(Vec::new());
+    w.write(batch)?;
+    w.finish()?;
+    Ok(w.into_inner())
 }
 
 #[cfg(test)]

@@ -8,16 +8,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow_array::RecordBatch;
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
 
 use crate::config::{CatalogConfig, Config, ServerConfig};
-use crate::core::flow::{Flow, FlowConfig};
+use crate::core::flow::Flow;
 use crate::error::{Error, Result};
 use crate::fault::Faults;
 use crate::service::input;
+use crate::tools::generate;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LoadArgs {
@@ -43,56 +43,59 @@ pub struct LoadArgs {
 }
 
 /// The flow `bench-serve` and `soak` push to (name and target are set per run).
-pub(crate) const FLOW: &str = r#"
-name = "load"
-target = "bench.load"
-keys = ["id"]
-sequence_by = "seq"
-apply_as_deletes = "op = 'DELETE'"
-except_column_list = ["op"]
-columns = [
-  { name = "id", type = "long", required = true },
-  { name = "name", type = "string" },
-  { name = "amount", type = "double" },
-  { name = "op", type = "string", required = true },
-  { name = "seq", type = "long", required = true },
-]
-"#;
-
+/// `a.events` changes of `generate::CHANGES_FLOW` in requests of `a.batch_rows`.
 fn batches(flow: &Flow, a: &LoadArgs) -> Result<Vec<RecordBatch>> {
     let mut rng = StdRng::seed_from_u64(a.seed);
-    let mut seqs: Vec<i64> = (0..a.events as i64).collect();
-    seqs.shuffle(&mut rng);
-    let mut out = Vec::new();
-    for chunk in seqs.chunks(a.batch_rows.max(1)) {
-        let n = chunk.len();
-        let ids: Vec<i64> = (0..n)
-            .map(|_| rng.random_range(0..a.keys.max(1) as i64))
-            .collect();
-        let del: Vec<bool> = (0..n).map(|_| rng.random_bool(0.1)).collect();
-        let cols: Vec<ArrayRef> = vec![
-            Arc::new(Int64Array::from(ids.clone())),
-            Arc::new(StringArray::from_iter_values(
-                ids.iter().map(|i| format!("customer-{}", i % 997)),
-            )),
-            Arc::new(Float64Array::from_iter_values(
-                (0..n).map(|_| rng.random_range(0.0..1000.0)),
-            )),
-            Arc::new(StringArray::from_iter_values(
-                del.iter().map(|&d| if d { "DELETE" } else { "UPSERT" }),
-            )),
-            Arc::new(Int64Array::from(chunk.to_vec())),
-        ];
-        out.push(RecordBatch::try_new(flow.source_arrow.clone(), cols)?);
-    }
-    Ok(out)
+    let all = generate::changes(&flow.source_arrow, &mut rng, a.events, a.keys, 0, 0, 0.1)?;
+    let per = a.batch_rows.max(1);
+    Ok((0..all.num_rows())
+        .step_by(per)
+        .map(|at| all.slice(at, per.min(all.num_rows() - at)))
+        .collect())
 }
 
-fn ndjson(batch: &RecordBatch) -> Result<Vec<u8>> {
-    let mut w = arrow_json::LineDelimitedWriter::new(Vec::new());
-    w.write(batch)?;
-    w.finish()?;
-    Ok(w.into_inner())
+/// One connection's share of the load: takes the next body until none is
+/// left, retrying a 429 after 200 ms; returns each acknowledgement's latency (ms).
+async fn push_bodies(
+    client: reqwest::Client,
+    url: String,
+    ctype: &'static str,
+    bodies: Arc<Vec<Vec<u8>>>,
+    next: Arc<AtomicUsize>,
+    throttled: Arc<AtomicUsize>,
+) -> Result<Vec<f64>> {
+    let mut lat = Vec::new();
+    loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(body) = bodies.get(i) else { break };
+        loop {
+            let t = Instant::now();
+            let resp = client
+                .post(&url)
+                .header("content-type", ctype)
+                .header("idempotency-key", format!("load-{i}"))
+                .body(body.clone())
+                .send()
+                .await;
+            match resp {
+                Ok(r) if r.status().as_u16() == 202 => {
+                    lat.push(t.elapsed().as_secs_f64() * 1e3);
+                    break;
+                }
+                Ok(r) if r.status().as_u16() == 429 => {
+                    throttled.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Ok(r) => {
+                    let s = r.status();
+                    let text = r.text().await.unwrap_or_default();
+                    return Err(Error::Unavailable(format!("{s}: {text}")));
+                }
+                Err(e) => return Err(Error::Unavailable(e.to_string())),
+            }
+        }
+    }
+    Ok(lat)
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -116,9 +119,7 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         }
     };
     for f in &formats {
-        let mut cfg: FlowConfig = toml::from_str(FLOW).map_err(|e| Error::Config(e.to_string()))?;
-        cfg.name = format!("load_{f}");
-        cfg.target = format!("bench.load_{f}");
+        let mut cfg = generate::changes_flow(&format!("load_{f}"), &format!("bench.load_{f}"))?;
         cfg.commit_interval = Some(a.commit_interval.clone());
         cfg.max_uncommitted_bytes = Some(8 << 30);
         flows.push(cfg);
@@ -151,16 +152,11 @@ pub async fn run(a: LoadArgs) -> Result<()> {
     );
     for f in &formats {
         let name = format!("load_{f}");
-        let flow = Flow::new({
-            let mut c: FlowConfig =
-                toml::from_str(FLOW).map_err(|e| Error::Config(e.to_string()))?;
-            c.name = name.clone();
-            c
-        })?;
+        let flow = Flow::new(generate::changes_flow(&name, &format!("bench.{name}"))?)?;
         let bodies: Vec<Vec<u8>> = batches(&flow, &a)?
             .iter()
             .map(|b| match *f {
-                "ndjson" => ndjson(b),
+                "ndjson" => generate::to_ndjson(b),
                 _ => input::encode_arrow_ipc(b),
             })
             .collect::<Result<_>>()?;
@@ -183,40 +179,9 @@ pub async fn run(a: LoadArgs) -> Result<()> {
                 next.clone(),
                 throttled.clone(),
             );
-            tasks.push(tokio::spawn(async move {
-                let mut lat = Vec::new();
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(body) = bodies.get(i) else { break };
-                    loop {
-                        let t = Instant::now();
-                        let resp = client
-                            .post(&url)
-                            .header("content-type", ctype)
-                            .header("idempotency-key", format!("load-{i}"))
-                            .body(body.clone())
-                            .send()
-                            .await;
-                        match resp {
-                            Ok(r) if r.status().as_u16() == 202 => {
-                                lat.push(t.elapsed().as_secs_f64() * 1e3);
-                                break;
-                            }
-                            Ok(r) if r.status().as_u16() == 429 => {
-                                throttled.fetch_add(1, Ordering::Relaxed);
-                                tokio::time::sleep(Duration::from_millis(200)).await;
-                            }
-                            Ok(r) => {
-                                let s = r.status();
-                                let text = r.text().await.unwrap_or_default();
-                                return Err(Error::Unavailable(format!("{s}: {text}")));
-                            }
-                            Err(e) => return Err(Error::Unavailable(e.to_string())),
-                        }
-                    }
-                }
-                Ok(lat)
-            }));
+            tasks.push(tokio::spawn(push_bodies(
+                client, url, ctype, bodies, next, throttled,
+            )));
         }
         let mut lat = Vec::new();
         for t in tasks {

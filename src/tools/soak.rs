@@ -17,13 +17,13 @@ use std::time::{Duration, Instant};
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
 
 use crate::config::{CatalogConfig, Config, ServerConfig};
-use crate::core::flow::{FlowConfig, parse_table_ident};
+use crate::core::flow::{Flow, parse_table_ident};
 use crate::error::{Error, Result};
+use crate::tools::generate;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SoakArgs {
@@ -149,10 +149,7 @@ pub async fn run(a: SoakArgs) -> Result<()> {
     let names: Vec<String> = (0..a.flows).map(|i| format!("soak_{i}")).collect();
     let mut flows = Vec::new();
     for name in &names {
-        let mut cfg: FlowConfig = toml::from_str(crate::tools::loadgen::FLOW)
-            .map_err(|e| Error::Config(e.to_string()))?;
-        cfg.name = name.clone();
-        cfg.target = format!("soak.{name}");
+        let mut cfg = generate::changes_flow(name, &format!("soak.{name}"))?;
         cfg.commit_interval = Some(a.commit_interval.clone());
         cfg.max_log_bytes = a.max_log_bytes;
         flows.push(cfg);
@@ -419,7 +416,7 @@ async fn push_steadily(
     throttled: Arc<std::sync::atomic::AtomicU64>,
     oracle: Arc<Mutex<Oracle>>,
 ) -> Result<()> {
-    use std::fmt::Write;
+    let schema = Flow::new(generate::changes_flow("soak", "soak.soak")?)?.source_arrow;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -427,23 +424,15 @@ async fn push_steadily(
     let mut n = 0u64;
     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
         tick.tick().await;
-        let mut seqs: Vec<i64> = (seq..seq + rows as i64).collect();
+        let batch = generate::changes(&schema, &mut rng, rows, keys as usize, 0, seq, 0.1)?;
         seq += rows as i64;
-        seqs.shuffle(&mut rng);
-        let mut body = String::with_capacity(rows * 80);
-        let mut changes = Vec::with_capacity(rows);
-        for s in seqs {
-            let id = rng.random_range(0..keys);
-            let delete = rng.random_bool(0.1);
-            let _ = writeln!(
-                body,
-                r#"{{"id":{id},"name":"customer-{}","amount":{:.2},"op":"{}","seq":{s}}}"#,
-                id % 997,
-                rng.random_range(0.0..1000.0),
-                if delete { "DELETE" } else { "UPSERT" }
-            );
-            changes.push((id, s, delete));
-        }
+        let body = generate::to_ndjson(&batch)?;
+        let ids = batch.column(0).as_primitive::<Int64Type>();
+        let seqs = batch.column(1).as_primitive::<Int64Type>();
+        let ops = batch.column(2).as_string::<i32>();
+        let changes: Vec<(i64, i64, bool)> = (0..rows)
+            .map(|i| (ids.value(i), seqs.value(i), ops.value(i) == "DELETE"))
+            .collect();
         let key = format!("soak-{seed}-{n}");
         n += 1;
         loop {
