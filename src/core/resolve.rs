@@ -19,7 +19,7 @@ use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::core::flow::{Flow, TiePolicy};
-use crate::core::state::{KeyIndex, Loc, Value, eq_bytes, hash_key};
+use crate::core::state::{EntryRef, KeyIndex, Loc, Value, eq_bytes, hash_key};
 use crate::error::{Error, Result, codes};
 
 /// Row encoders for one flow: keys, sequences and whole changes.
@@ -422,46 +422,26 @@ pub fn resolve(
         let i = r as usize;
         let (k, s, fp) = (keys.row(i), seqs.row(i), fingerprints[i]);
         let current = state.get_hashed(hashes[i], k.as_ref());
-        if let Some(e) = current {
-            match s.as_ref().cmp(e.seq) {
-                Ordering::Less => {
-                    stats.stale += 1;
-                    continue;
-                }
-                Ordering::Equal => {
-                    let tombstone = matches!(e.value, Value::Tombstone { .. });
-                    match same_sequence(flow, i, fp, e.fingerprint, tombstone)? {
-                        SameSequence::ReplacesSentinel => {}
-                        SameSequence::Duplicate => {
-                            stats.duplicates += 1;
-                            continue;
-                        }
-                        SameSequence::Tie { wins } => {
-                            stats.ties += 1;
-                            if !wins {
-                                stats.tie_losers += 1;
-                                continue;
-                            }
-                        }
-                    }
-                }
-                Ordering::Greater => {}
-            }
-            match e.value {
-                Value::Live(Some(loc)) if state.files.is_live(loc.file) => {
+        match against_state(flow, i, s.as_ref(), fp, current, &mut stats)? {
+            Against::Skip => continue,
+            Against::Apply { replaces } => match replaces {
+                Some(Value::Live(Some(loc))) if state.files.is_live(loc.file) => {
                     remove_positions.push(loc);
                     stats.removed_by_position += 1;
                 }
                 // Unknown position, or its file was rewritten by another writer.
-                Value::Live(_) => {
+                Some(Value::Live(_)) => {
                     remove_keys.push(r);
                     stats.removed_by_key += 1;
                 }
-                Value::Tombstone { .. } => {}
-            }
-        } else if !state_complete {
-            remove_keys.push(r);
-            stats.removed_by_key += 1;
+                Some(Value::Tombstone { .. }) => {}
+                // A key new to the state may still have a row autocdc did not write.
+                None if !state_complete => {
+                    remove_keys.push(r);
+                    stats.removed_by_key += 1;
+                }
+                None => {}
+            },
         }
         let slot = current.map(|e| e.slot);
         if deleted(i) {
@@ -545,6 +525,56 @@ fn winners(
     let mut rows: Vec<u32> = winners.into_iter().collect();
     rows.sort_unstable();
     Ok(rows)
+}
+
+/// What a batch's winning change does against the key's state entry.
+enum Against {
+    /// Stale, a duplicate or a lost tie: nothing to do.
+    Skip,
+    /// Applies; `replaces` is the entry's value (None: the key is new).
+    Apply { replaces: Option<Value> },
+}
+
+/// A batch's winner (row `row`, sequence `seq`, fingerprint `fp`) against
+/// the key's current entry; counts stale, duplicates and ties in `stats`.
+fn against_state(
+    flow: &Flow,
+    row: usize,
+    seq: &[u8],
+    fp: u64,
+    current: Option<EntryRef<'_>>,
+    stats: &mut BatchStats,
+) -> Result<Against> {
+    let Some(e) = current else {
+        return Ok(Against::Apply { replaces: None });
+    };
+    match seq.cmp(e.seq) {
+        Ordering::Less => {
+            stats.stale += 1;
+            return Ok(Against::Skip);
+        }
+        Ordering::Equal => {
+            let tombstone = matches!(e.value, Value::Tombstone { .. });
+            match same_sequence(flow, row, fp, e.fingerprint, tombstone)? {
+                SameSequence::ReplacesSentinel => {}
+                SameSequence::Duplicate => {
+                    stats.duplicates += 1;
+                    return Ok(Against::Skip);
+                }
+                SameSequence::Tie { wins } => {
+                    stats.ties += 1;
+                    if !wins {
+                        stats.tie_losers += 1;
+                        return Ok(Against::Skip);
+                    }
+                }
+            }
+        }
+        Ordering::Greater => {}
+    }
+    Ok(Against::Apply {
+        replaces: Some(e.value),
+    })
 }
 
 /// Applies a resolution to the state once its rows are written: `locs[ordinal]`
