@@ -21,6 +21,12 @@ pub enum FaultPoint {
     AfterTargetMetadata,
     /// Everything is committed; the caller has not been told.
     AfterTargetCommit,
+    /// Merged manifests are written; the commit that names them is not made.
+    AfterManifestMerge,
+    /// Maintenance: the expiry is committed; no expired file is deleted yet.
+    AfterExpireCommit,
+    /// Maintenance: half of the expired files are deleted.
+    MidMaintenanceDeletes,
     /// Not a commit step: an ingest log's fsync fails (a full or failing
     /// disk). Not in `ALL`.
     LogSync,

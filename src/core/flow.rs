@@ -58,6 +58,16 @@ pub struct CommitPolicy {
     pub max_log_bytes: u64,
 }
 
+/// A flow's own maintenance settings; what it leaves unset comes from the
+/// table's properties (see `table::maintain`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MaintenancePolicy {
+    pub snapshot_max_age: Option<Duration>,
+    pub min_snapshots_to_keep: Option<usize>,
+    /// Run on the service's schedule (false: only when asked).
+    pub scheduled: bool,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum OneOrMany {
@@ -170,6 +180,18 @@ pub struct FlowConfig {
     /// (and, apart, of its sequence values); default 1024, at most 32768.
     #[serde(default)]
     pub max_key_bytes: Option<usize>,
+    /// Snapshots older than this expire (with the files only they
+    /// reference); default: the table's `history.expire.max-snapshot-age-ms`.
+    #[serde(default)]
+    pub snapshot_max_age: Option<String>,
+    /// Never expire below this many snapshots of a branch; default: the
+    /// table's `history.expire.min-snapshots-to-keep`.
+    #[serde(default)]
+    pub min_snapshots_to_keep: Option<u32>,
+    /// `autocdc serve` runs maintenance for this flow on its schedule
+    /// (default true); `autocdc maintain` and the endpoint work either way.
+    #[serde(default)]
+    pub maintenance: Option<bool>,
 }
 
 fn default_scd_type() -> u8 {
@@ -203,6 +225,7 @@ pub struct Flow {
     pub partition_spec: PartitionSpec,
     pub tombstone_gc: Duration,
     pub commit: CommitPolicy,
+    pub maintenance: MaintenancePolicy,
     pub on_tie: TiePolicy,
     pub target_file_size_bytes: u64,
     /// The most bytes of a change's string and binary key values (and, apart,
@@ -286,6 +309,7 @@ impl Flow {
         let truncates = predicate(&config.apply_as_truncates)?;
         let tracked = tracked_columns(&config, &target_cols, &key_idx, &seq_idx)?;
         let (tombstone_gc, commit, max_key_bytes) = settings(&config)?;
+        let maintenance = maintenance_policy(&config)?;
         Ok(Flow {
             ignore_null_updates: config.ignore_null_updates,
             from_snapshot: config.from_snapshot,
@@ -307,6 +331,7 @@ impl Flow {
             target_schema,
             partition_spec,
             tombstone_gc,
+            maintenance,
         })
     }
 
@@ -785,6 +810,28 @@ fn settings(config: &FlowConfig) -> Result<(Duration, CommitPolicy, usize)> {
         max_log_bytes: config.max_log_bytes.unwrap_or(4 << 30).max(MIN_LOG_BYTES),
     };
     Ok((tombstone_gc, commit, max_key_bytes))
+}
+
+fn maintenance_policy(config: &FlowConfig) -> Result<MaintenancePolicy> {
+    let snapshot_max_age = match &config.snapshot_max_age {
+        None => None,
+        Some(text) => Some(
+            parse_duration("snapshot_max_age", text)
+                .map_err(|m| Error::definition(&config.name, codes::INVALID_DEFINITION, m))?,
+        ),
+    };
+    if config.min_snapshots_to_keep == Some(0) {
+        return Err(Error::definition(
+            &config.name,
+            codes::INVALID_DEFINITION,
+            "min_snapshots_to_keep = 0: keep at least 1 (the current snapshot)",
+        ));
+    }
+    Ok(MaintenancePolicy {
+        snapshot_max_age,
+        min_snapshots_to_keep: config.min_snapshots_to_keep.map(|n| n as usize),
+        scheduled: config.maintenance.unwrap_or(true),
+    })
 }
 
 /// Parses one `partition_by` entry: `col` (identity), Iceberg's notation

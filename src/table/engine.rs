@@ -33,6 +33,7 @@ use crate::error::{Error, Result, codes};
 use crate::fault::{FaultPoint, Faults};
 use crate::table::catalog::{Catalog, TableState};
 use crate::table::flow_state::{FlowState, Plan};
+use crate::table::maintain::{self, Retention, TableReport, TableStats};
 use crate::table::row_delta::{self, RowDelta};
 use crate::table::state_table;
 use crate::table::write::{self, FileNamer, Partitioner};
@@ -233,6 +234,29 @@ pub struct StateSummary {
     pub complete: bool,
 }
 
+/// What to do in one maintenance run (`Engine::maintain`).
+#[derive(Debug, Clone)]
+pub struct MaintainOptions {
+    pub now_ms: i64,
+    /// Report what would be done; change nothing.
+    pub dry_run: bool,
+    /// Also delete unreferenced files older than this (None: skip).
+    pub orphans_older_than: Option<std::time::Duration>,
+}
+
+/// One maintenance run of a flow: what was done to each table and the
+/// tables' figures after it.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct MaintenanceReport {
+    pub flow: String,
+    pub dry_run: bool,
+    pub target: TableReport,
+    pub state: TableReport,
+    pub target_stats: TableStats,
+    pub state_stats: TableStats,
+    pub elapsed_ms: f64,
+}
+
 pub struct Engine {
     pub flow: Flow,
     codec: Codec,
@@ -274,13 +298,32 @@ pub struct Engine {
 }
 
 fn target_properties(flow: &Flow) -> HashMap<String, String> {
-    HashMap::from([
+    let mut props = maintain::created_table_properties();
+    props.extend([
         ("write.delete.mode".to_string(), "merge-on-read".to_string()),
         ("write.update.mode".to_string(), "merge-on-read".to_string()),
         ("write.merge.mode".to_string(), "merge-on-read".to_string()),
         ("write.format.default".to_string(), "parquet".to_string()),
         (PROP_FLOW.to_string(), flow.name.clone()),
-    ])
+    ]);
+    props
+}
+
+/// The id of the latest snapshot of the target this flow wrote.
+fn our_latest_id(meta: &TableMetadata, flow: &str) -> Option<i64> {
+    let mut cur = meta.current_snapshot();
+    while let Some(s) = cur {
+        if s.summary()
+            .additional_properties
+            .get(PROP_FLOW)
+            .map(String::as_str)
+            == Some(flow)
+        {
+            return Some(s.snapshot_id());
+        }
+        cur = s.parent_snapshot_id().and_then(|p| meta.snapshot_by_id(p));
+    }
+    None
 }
 
 /// The latest snapshot of the target written by this flow, walking back from
@@ -401,7 +444,8 @@ async fn open_tables(flow: &Flow, catalog: &dyn Catalog) -> Result<(TableState, 
     let state_tbl = match catalog.load_table(&state_ident).await? {
         Some(t) => t,
         None => {
-            let props = HashMap::from([(PROP_FLOW.to_string(), flow.name.clone())]);
+            let mut props = maintain::created_table_properties();
+            props.insert(PROP_FLOW.to_string(), flow.name.clone());
             catalog
                 .create_table(
                     &state_ident,
@@ -552,6 +596,121 @@ impl Engine {
 
     pub fn target(&self) -> &TableState {
         &self.target
+    }
+
+    /// The aux state table as this engine last committed or loaded it.
+    pub fn state_table(&self) -> &TableState {
+        &self.state_tbl
+    }
+
+    /// The maintenance phase: finish any cleanup a stopped run left, expire
+    /// the target's snapshots (never this flow's latest), then the state
+    /// table's (never one a kept target snapshot names, so recovery always
+    /// finds its state), then, when asked, delete orphan files of both.
+    /// Runs between commits, never during one. After an error, reopen.
+    pub async fn maintain(&mut self, opts: &MaintainOptions) -> Result<MaintenanceReport> {
+        let started = std::time::Instant::now();
+        let catalog = self.catalog.clone();
+        let io = catalog.file_io().clone();
+        let mut report = MaintenanceReport {
+            flow: self.flow.name.clone(),
+            dry_run: opts.dry_run,
+            ..Default::default()
+        };
+        report.target.table = self.flow.target.to_string();
+        report.state.table = self.flow.state_ident().to_string();
+        if !opts.dry_run {
+            maintain::resume(&io, &self.target, &mut report.target).await?;
+            maintain::resume(&io, &self.state_tbl, &mut report.state).await?;
+        }
+        let policy = self.flow.maintenance;
+        let meta = self.target.metadata.clone();
+        let protect = our_latest_id(&meta, &self.flow.name).into_iter().collect();
+        let ids = maintain::expirable(&meta, opts.now_ms, Retention::of(&meta, &policy), &protect);
+        if let Some(t) = maintain::expire(
+            catalog.as_ref(),
+            &self.target,
+            &ids,
+            opts.dry_run,
+            &self.faults,
+            &mut report.target,
+        )
+        .await?
+        {
+            self.target = t;
+        }
+        // The state snapshots that kept target snapshots name.
+        let mut named: std::collections::HashSet<i64> = meta
+            .snapshots()
+            .filter(|s| !ids.contains(&s.snapshot_id()))
+            .filter_map(|s| {
+                s.summary()
+                    .additional_properties
+                    .get(PROP_STATE_SNAPSHOT)?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        named.extend(self.state_snapshot);
+        let smeta = self.state_tbl.metadata.clone();
+        let sids = maintain::expirable(&smeta, opts.now_ms, Retention::of(&smeta, &policy), &named);
+        if let Some(t) = maintain::expire(
+            catalog.as_ref(),
+            &self.state_tbl,
+            &sids,
+            opts.dry_run,
+            &self.faults,
+            &mut report.state,
+        )
+        .await?
+        {
+            self.state_tbl = t;
+        }
+        if let Some(older) = opts.orphans_older_than {
+            let (now, dry) = (opts.now_ms, opts.dry_run);
+            maintain::delete_orphans(
+                catalog.as_ref(),
+                &self.target,
+                now,
+                older,
+                dry,
+                &mut report.target,
+            )
+            .await?;
+            maintain::delete_orphans(
+                catalog.as_ref(),
+                &self.state_tbl,
+                now,
+                older,
+                dry,
+                &mut report.state,
+            )
+            .await?;
+        }
+        report.target_stats = maintain::stats(&io, &self.target).await?;
+        report.state_stats = maintain::stats(&io, &self.state_tbl).await?;
+        report.elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+        Ok(report)
+    }
+
+    /// How many snapshots of the target and the state table would expire
+    /// at `now_ms` (in memory; the service's "thresholds crossed" check).
+    pub fn expirable_snapshots(&self, now_ms: i64) -> usize {
+        let policy = self.flow.maintenance;
+        let count = |t: &TableState, protect: Option<i64>| {
+            let meta = &t.metadata;
+            maintain::expirable(
+                meta,
+                now_ms,
+                Retention::of(meta, &policy),
+                &protect.into_iter().collect(),
+            )
+            .len()
+        };
+        count(
+            &self.target,
+            our_latest_id(&self.target.metadata, &self.flow.name),
+        ) + count(&self.state_tbl, self.state_snapshot)
     }
 
     pub fn summary(&self) -> StateSummary {
@@ -1005,6 +1164,9 @@ impl Engine {
             },
         )
         .await?;
+        if produced.merged > 0 {
+            self.faults.hit(FaultPoint::AfterManifestMerge)?;
+        }
         let snapshot_id = produced.snapshot_id;
         // Another writer of this flow (a second instance) may have committed
         // the state table first: reload and rebuild, as for the target.
@@ -1085,6 +1247,9 @@ impl Engine {
             },
         )
         .await?;
+        if produced.merged > 0 {
+            self.faults.hit(FaultPoint::AfterManifestMerge)?;
+        }
         let snapshot_id = produced.snapshot_id;
         let target = self
             .catalog

@@ -1,10 +1,12 @@
 //! The Iceberg shell around the core: the engine that opens a flow and runs
 //! its commit phases, the Parquet files it writes, the row-delta snapshots it
-//! produces, the aux state table, storage and the catalogs.
+//! produces, the aux state table, storage, the catalogs, and the maintenance
+//! that keeps the tables bounded.
 
 pub mod catalog;
 pub mod engine;
 pub mod flow_state;
+pub mod maintain;
 pub mod row_delta;
 pub mod state_table;
 pub mod storage;

@@ -7,17 +7,23 @@ use std::collections::HashMap;
 
 use iceberg::io::FileIO;
 use iceberg::spec::{
-    DataFile, MAIN_BRANCH, ManifestFile, ManifestListWriter, ManifestWriterBuilder, Operation,
-    Snapshot, SnapshotReference, SnapshotRetention, SnapshotSummaryCollector, Summary,
+    DataFile, MAIN_BRANCH, ManifestContentType, ManifestFile, ManifestListWriter, ManifestStatus,
+    ManifestWriterBuilder, Operation, Snapshot, SnapshotReference, SnapshotRetention,
+    SnapshotSummaryCollector, Summary,
 };
 use iceberg::{TableRequirement, TableUpdate};
 use uuid::Uuid;
 
 use crate::error::Result;
 use crate::table::catalog::TableState;
+use crate::table::maintain::MergePolicy;
 
 pub struct Produced {
     pub snapshot_id: i64,
+    /// Manifests the new snapshot names.
+    pub manifests: usize,
+    /// Manifests merged into fewer (`commit.manifest-merge.*`); 0 when none.
+    pub merged: usize,
     pub updates: Vec<TableUpdate>,
     pub requirements: Vec<TableRequirement>,
 }
@@ -125,6 +131,16 @@ pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> R
         let list = t.manifest_list_reader(b).load().await?;
         manifests.extend(list.consume_entries());
     }
+    let (manifests, merged) = merge_manifests(
+        file_io,
+        meta,
+        snapshot_id,
+        manifests,
+        MergePolicy::of(meta),
+        |n| manifest_path(100 + n),
+    )
+    .await?;
+    let manifest_count = manifests.len();
 
     let prev = base.as_ref().map(|b| &b.summary().additional_properties);
     let props = summary_properties(delta.properties, summary.build(), prev, delta.replace);
@@ -164,6 +180,8 @@ pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> R
         .build();
     Ok(Produced {
         snapshot_id,
+        manifests: manifest_count,
+        merged,
         updates: vec![
             TableUpdate::AddSnapshot { snapshot },
             TableUpdate::SetSnapshotRef {
@@ -182,4 +200,153 @@ pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> R
             },
         ],
     })
+}
+
+/// Iceberg Java's `ManifestMergeManager`: data and delete manifests are
+/// grouped apart (and by partition spec), each group is bin-packed from its
+/// end to `target_bytes` (so the under-filled bin is the newest and fills
+/// up first), and a bin of several manifests is rewritten as one, except
+/// the bin holding the group's newest manifest while it has fewer than
+/// `min_count`. Entries keep their snapshot id and data and file sequence
+/// numbers (EXISTING), so every delete applies exactly as before; entries
+/// of this snapshot stay ADDED; DELETED entries of earlier snapshots drop.
+/// Returns the snapshot's manifests and how many were merged away.
+async fn merge_manifests(
+    file_io: &FileIO,
+    meta: &iceberg::spec::TableMetadata,
+    snapshot_id: i64,
+    manifests: Vec<ManifestFile>,
+    policy: MergePolicy,
+    path: impl Fn(usize) -> String,
+) -> Result<(Vec<ManifestFile>, usize)> {
+    if !policy.enabled || manifests.len() < policy.min_count {
+        return Ok((manifests, 0));
+    }
+    let mut groups: Vec<((bool, i32), Vec<ManifestFile>)> = Vec::new();
+    for m in manifests {
+        let key = (
+            m.content == ManifestContentType::Deletes,
+            m.partition_spec_id,
+        );
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.push(m),
+            None => groups.push((key, vec![m])),
+        }
+    }
+    let (mut out, mut merged, mut written) = (Vec::new(), 0, 0);
+    for ((deletes, spec_id), group) in groups {
+        let newest = group[0].manifest_path.clone();
+        for bin in pack_end(group, policy.target_bytes) {
+            let holds_newest = bin.iter().any(|m| m.manifest_path == newest);
+            if bin.len() == 1 || (holds_newest && bin.len() < policy.min_count) {
+                out.extend(bin);
+                continue;
+            }
+            let Some(spec) = meta.partition_spec_by_id(spec_id) else {
+                out.extend(bin);
+                continue;
+            };
+            let builder = ManifestWriterBuilder::new(
+                file_io.new_output(path(written))?,
+                Some(snapshot_id),
+                meta.current_schema().clone(),
+                (**spec).clone(),
+            );
+            written += 1;
+            let mut w = if deletes {
+                builder.build_v2_deletes()
+            } else {
+                builder.build_v2_data()
+            };
+            for m in &bin {
+                for e in m.load_manifest(file_io).await?.entries() {
+                    let file = e.data_file().clone();
+                    let ours = e.snapshot_id() == Some(snapshot_id);
+                    match (e.status(), ours) {
+                        (ManifestStatus::Deleted, _) => {}
+                        (ManifestStatus::Added, true) => w.add_file(file, -1)?,
+                        _ => {
+                            let seq = e.sequence_number().unwrap_or(0);
+                            w.add_existing_file(
+                                file,
+                                e.snapshot_id().unwrap_or(snapshot_id),
+                                seq,
+                                Some(e.file_sequence_number.unwrap_or(seq)),
+                            )?
+                        }
+                    }
+                }
+                if m.added_snapshot_id == snapshot_id {
+                    // Written by this commit and now merged: never named anywhere.
+                    file_io.delete(&m.manifest_path).await?;
+                }
+            }
+            merged += bin.len();
+            out.push(w.write_manifest_file().await?);
+        }
+    }
+    Ok((out, merged))
+}
+
+/// Java's `BinPacking.ListPacker.packEnd` with a lookback of 1: bins of
+/// consecutive items up to `target` bytes, filled from the end.
+fn pack_end(items: Vec<ManifestFile>, target: u64) -> Vec<Vec<ManifestFile>> {
+    let mut bins: Vec<(u64, Vec<ManifestFile>)> = Vec::new();
+    for m in items.into_iter().rev() {
+        let size = m.manifest_length.max(0) as u64;
+        match bins.last_mut() {
+            Some((weight, bin)) if *weight + size <= target => {
+                *weight += size;
+                bin.push(m);
+            }
+            _ => bins.push((size, vec![m])),
+        }
+    }
+    bins.into_iter()
+        .rev()
+        .map(|(_, mut bin)| {
+            bin.reverse();
+            bin
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iceberg::spec::ManifestContentType;
+
+    fn manifest(path: &str, len: i64) -> ManifestFile {
+        ManifestFile {
+            manifest_path: path.into(),
+            manifest_length: len,
+            partition_spec_id: 0,
+            content: ManifestContentType::Data,
+            sequence_number: 1,
+            min_sequence_number: 1,
+            added_snapshot_id: 1,
+            added_files_count: None,
+            existing_files_count: None,
+            deleted_files_count: None,
+            added_rows_count: None,
+            existing_rows_count: None,
+            deleted_rows_count: None,
+            partitions: None,
+            key_metadata: None,
+            first_row_id: None,
+        }
+    }
+
+    #[test]
+    fn pack_end_fills_from_the_end_and_keeps_order() {
+        let items: Vec<_> = [("a", 5), ("b", 5), ("c", 5), ("d", 20), ("e", 4)]
+            .iter()
+            .map(|(p, l)| manifest(p, *l))
+            .collect();
+        let bins: Vec<Vec<String>> = pack_end(items, 10)
+            .into_iter()
+            .map(|b| b.into_iter().map(|m| m.manifest_path).collect())
+            .collect();
+        assert_eq!(bins, vec![vec!["a"], vec!["b", "c"], vec!["d"], vec!["e"]]);
+    }
 }

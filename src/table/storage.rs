@@ -34,6 +34,14 @@ enum Backend {
     },
 }
 
+/// One listed file.
+#[derive(Debug, Clone)]
+pub struct FileInfo {
+    pub location: String,
+    pub size: u64,
+    pub modified_ms: i64,
+}
+
 /// A warehouse resolved: its storage, its root as written into metadata
 /// (`file:///abs/path` or `s3://bucket/prefix`) and the FileIO for its files.
 #[derive(Debug, Clone)]
@@ -300,6 +308,71 @@ impl Storage {
                     .map(|e| e.name().to_string())
                     .collect())
             }
+        }
+    }
+
+    /// Every file under `location` with its size and modification time,
+    /// named as table metadata names them (`file:///…`, `s3://bucket/…`).
+    pub async fn list_files(&self, location: &str) -> Result<Vec<FileInfo>> {
+        match &self.backend {
+            Backend::Local(store) => {
+                let prefix = Self::local_path(location)?;
+                let metas: Vec<_> = match store.list(Some(&prefix)).try_collect().await {
+                    Ok(m) => m,
+                    Err(object_store::Error::NotFound { .. }) => Vec::new(),
+                    Err(e) => return Err(e.into()),
+                };
+                Ok(metas
+                    .into_iter()
+                    .map(|m| FileInfo {
+                        location: format!("file:///{}", m.location),
+                        size: m.size,
+                        modified_ms: m.last_modified.timestamp_millis(),
+                    })
+                    .collect())
+            }
+            Backend::S3 { op, bucket } => {
+                let scheme = if location.starts_with("s3a://") {
+                    "s3a"
+                } else {
+                    "s3"
+                };
+                let entries = self.s3_list(op, location).await?;
+                let mut out = Vec::with_capacity(entries.len());
+                for e in entries.into_iter().filter(|e| !e.path().ends_with('/')) {
+                    let mut meta = e.metadata().clone();
+                    if meta.last_modified().is_none() {
+                        meta = op
+                            .stat(e.path())
+                            .await
+                            .map_err(|err| Self::s3_err(location, err))?;
+                    }
+                    out.push(FileInfo {
+                        location: format!("{scheme}://{bucket}/{}", e.path()),
+                        size: meta.content_length(),
+                        // Unknown age: treated as new, so never deleted.
+                        modified_ms: meta
+                            .last_modified()
+                            .map(|t| t.into_inner().as_millisecond())
+                            .unwrap_or(i64::MAX),
+                    });
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Deletes one file; a file already gone is not an error.
+    pub async fn delete(&self, location: &str) -> Result<()> {
+        match &self.backend {
+            Backend::Local(store) => match store.delete(&Self::local_path(location)?).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e.into()),
+            },
+            Backend::S3 { op, .. } => op
+                .delete(&self.s3_path(location)?)
+                .await
+                .map_err(|e| Self::s3_err(location, e)),
         }
     }
 

@@ -167,6 +167,10 @@ impl Catalog for HadoopCatalog {
         &self.file_io
     }
 
+    fn storage(&self) -> Option<&Storage> {
+        Some(&self.storage)
+    }
+
     async fn load_table(&self, ident: &TableIdent) -> Result<Option<TableState>> {
         self.ready().await?;
         let location = self.table_location(ident);
@@ -198,8 +202,12 @@ impl Catalog for HadoopCatalog {
         requirements: Vec<TableRequirement>,
     ) -> Result<TableState> {
         let version = Self::version_of(&base.metadata_location)?;
-        let metadata = super::apply_updates(base, updates, &requirements)?;
-        self.write_version(&base.ident, metadata, version + 1).await
+        let (metadata, superseded) = super::apply_updates(base, updates, &requirements)?;
+        let table = self
+            .write_version(&base.ident, metadata, version + 1)
+            .await?;
+        super::delete_superseded(&self.storage, &table.metadata, superseded).await;
+        Ok(table)
     }
 
     async fn drop_table(&self, ident: &TableIdent) -> Result<bool> {

@@ -54,6 +54,12 @@ pub trait Catalog: Send + Sync + std::fmt::Debug {
     /// The FileIO for data, delete, manifest and metadata files.
     fn file_io(&self) -> &FileIO;
 
+    /// The storage under the tables' locations, when this process can list
+    /// it (orphan cleanup needs to); the REST catalog's is the server's.
+    fn storage(&self) -> Option<&crate::table::storage::Storage> {
+        None
+    }
+
     /// The table's current version, or `None` when it does not exist.
     async fn load_table(&self, ident: &TableIdent) -> Result<Option<TableState>>;
 
@@ -111,12 +117,14 @@ pub(crate) fn new_metadata(
     .metadata)
 }
 
-/// `base` moved forward by `updates`, once `requirements` hold on it.
+/// `base` moved forward by `updates`, once `requirements` hold on it; and
+/// the metadata files its log no longer keeps
+/// (`write.metadata.previous-versions-max`).
 pub(crate) fn apply_updates(
     base: &TableState,
     updates: Vec<TableUpdate>,
     requirements: &[TableRequirement],
-) -> Result<TableMetadata> {
+) -> Result<(TableMetadata, Vec<String>)> {
     for r in requirements {
         r.check(Some(&base.metadata))
             .map_err(|e| Error::CommitConflict(format!("table {}: {e}", base.ident)))?;
@@ -128,7 +136,31 @@ pub(crate) fn apply_updates(
     for u in updates {
         builder = u.apply(builder)?;
     }
-    Ok(builder.build()?.metadata)
+    let built = builder.build()?;
+    let superseded = built
+        .expired_metadata_logs
+        .into_iter()
+        .map(|l| l.metadata_file)
+        .collect();
+    Ok((built.metadata, superseded))
+}
+
+/// After a commit has landed: deletes the metadata files its log dropped,
+/// when the table asks for it (`write.metadata.delete-after-commit.enabled`).
+/// A failure is only logged; orphan cleanup finds the file later.
+pub(crate) async fn delete_superseded(
+    storage: &crate::table::storage::Storage,
+    metadata: &TableMetadata,
+    superseded: Vec<String>,
+) {
+    if !crate::table::maintain::delete_after_commit(metadata) {
+        return;
+    }
+    for file in superseded {
+        if let Err(e) = storage.delete(&file).await {
+            tracing::warn!(file = %file, error = %e, "metadata_delete_failed");
+        }
+    }
 }
 
 /// The version of `ident` whose metadata file is `file` (the one the catalog names).

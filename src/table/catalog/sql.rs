@@ -150,6 +150,10 @@ impl Catalog for SqlCatalog {
         &self.file_io
     }
 
+    fn storage(&self) -> Option<&Storage> {
+        Some(&self.storage)
+    }
+
     async fn load_table(&self, ident: &TableIdent) -> Result<Option<TableState>> {
         self.init().await?;
         let row: Option<(Option<String>,)> = sqlx::query_as(
@@ -210,7 +214,7 @@ impl Catalog for SqlCatalog {
         updates: Vec<TableUpdate>,
         requirements: Vec<TableRequirement>,
     ) -> Result<TableState> {
-        let metadata = super::apply_updates(base, updates, &requirements)?;
+        let (metadata, superseded) = super::apply_updates(base, updates, &requirements)?;
         let file = self
             .write_metadata(&metadata, Self::version_of(&base.metadata_location) + 1)
             .await?;
@@ -240,6 +244,7 @@ impl Catalog for SqlCatalog {
                 base.ident, base.metadata_location
             )));
         }
+        super::delete_superseded(&self.storage, &metadata, superseded).await;
         Ok(TableState {
             ident: base.ident.clone(),
             metadata: Arc::new(metadata),
