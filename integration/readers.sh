@@ -22,15 +22,18 @@ bin="$CARGO_TARGET_DIR/debug/autocdc"
 "$bin" gen ghost-kitchen --orders 4000 --files 10 --seed 11 --no-null-keys --out "$out/gk"
 {
   printf '[catalog]\ntype = "hadoop"\nwarehouse = "%s"\n\n' "$out/gkwh"
-  cat "$out/gk/flow.toml"
+  # Manifests merged from 3 on, and `autocdc maintain` below expires all
+  # but 2 snapshots: the readers read merged manifests of expired tables.
+  sed -e 's/^keys = .*/&\nsnapshot_max_age = "1ms"\nmin_snapshots_to_keep = 2\ntable_properties = { "commit.manifest.min-count-to-merge" = "3" }/' "$out/gk/flow.toml"
   # The same feed into a partitioned table: every status change moves the
   # row to another partition, so position deletes land in many partitions.
   sed -e 's/^name = .*/name = "ghost_kitchen_partitioned"/' \
       -e 's/^target = .*/target = "kitchen.orders_partitioned"/' \
-      -e 's/^keys = .*/&\npartition_by = ["status", "bucket[4](order_id)"]/' "$out/gk/flow.toml"
+      -e 's/^keys = .*/&\npartition_by = ["status", "bucket[4](order_id)"]\nsnapshot_max_age = "1ms"\nmin_snapshots_to_keep = 2\ntable_properties = { "commit.manifest.min-count-to-merge" = "3" }/' "$out/gk/flow.toml"
 } > "$out/autocdc.toml"
 "$bin" apply --config "$out/autocdc.toml" --flow ghost_kitchen "$out"/gk/*.parquet
 "$bin" apply --config "$out/autocdc.toml" --flow ghost_kitchen_partitioned "$out"/gk/*.parquet
+"$bin" maintain --config "$out/autocdc.toml" --orphans-older-than off
 "$bin" state --config "$out/autocdc.toml" kitchen.orders
 metas=()
 for t in orders orders_partitioned; do

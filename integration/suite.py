@@ -54,6 +54,9 @@ sequence_by = "seq"
 apply_as_deletes = "op = 'DELETE'"
 except_column_list = ["op"]
 commit_interval = "500ms"
+snapshot_max_age = "1ms"
+min_snapshots_to_keep = 2
+table_properties = {{ "commit.manifest.min-count-to-merge" = "3" }}
 columns = [
   {{ name = "id", type = "long", required = true }},
   {{ name = "name", type = "string" }},
@@ -453,7 +456,11 @@ def run_combination(combo, binary, root, gk, gk_lines, oracle, report):
     port = free_port()
     gk_flow = open(os.path.join(gk, "flow.toml")).read()
     gk_flow = re.sub(r'^target = .*$', f'target = "{namespace}.orders"', gk_flow, flags=re.M)
-    gk_flow = gk_flow.replace('keys = ["order_id"]\n', 'keys = ["order_id"]\ncommit_interval = "1s"\n')
+    gk_flow = gk_flow.replace(
+        'keys = ["order_id"]\n',
+        'keys = ["order_id"]\ncommit_interval = "1s"\nsnapshot_max_age = "1ms"\nmin_snapshots_to_keep = 2\n'
+        'table_properties = { "commit.manifest.min-count-to-merge" = "3" }\n',
+    )
     config = os.path.join(work, "serve.toml")
     with open(config, "w") as f:
         f.write(
@@ -473,6 +480,7 @@ def run_combination(combo, binary, root, gk, gk_lines, oracle, report):
     acked = {}  # request number -> offset
     retry_problems = []
     restarts = 0
+    maintained = {"runs": 0, "expired": 0, "deleted": 0, "problems": []}
     try:
         for session in range(SESSIONS):
             if session > 0:
@@ -490,6 +498,16 @@ def run_combination(combo, binary, root, gk, gk_lines, oracle, report):
                 acked[n] = answer["offset"]
             step = [json.dumps(c) for c in BATTERY_STEPS[session]]
             push_ndjson(server, "scd1", step, key=f"{run_id}-scd1-{session}" if session < 3 else None, wait=True)
+            # Maintenance between the restarts: expiry down to 2 snapshots per table.
+            for flow in ("ghost_kitchen", "scd1"):
+                server.request("POST", f"/v1/flows/{flow}/commit")
+                r = server.request("POST", f"/v1/flows/{flow}/maintain")
+                maintained["runs"] += 1
+                for t in ("target", "state"):
+                    maintained["expired"] += r[t]["snapshots_expired"]
+                    maintained["deleted"] += r[t]["manifest_lists_deleted"] + r[t]["manifests_deleted"]
+                    if r[f"{t}_stats"]["snapshots"] > 3:
+                        maintained["problems"].append(f"{flow} {t}: {r[f'{t}_stats']['snapshots']} snapshots after expiry")
         server.stop()
     finally:
         server.kill()
@@ -515,6 +533,12 @@ def run_combination(combo, binary, root, gk, gk_lines, oracle, report):
         detail = f"{len(got)} rows" if got == BATTERY_EXPECTED else f"want {BATTERY_EXPECTED} got {got}"
         report(f"scd1-battery {reader}", got == BATTERY_EXPECTED, detail)
 
+    report(
+        "maintenance",
+        maintained["runs"] > 0 and maintained["expired"] > 0 and not maintained["problems"],
+        f"{maintained['runs']} runs between restarts: {maintained['expired']} snapshots expired, "
+        f"{maintained['deleted']} manifest lists and manifests deleted; " + ("; ".join(maintained["problems"]) or "the tables above read back after it"),
+    )
     report(
         "idempotent-retry",
         not retry_problems,

@@ -22,6 +22,98 @@ pub struct Config {
     pub catalog: CatalogConfig,
     #[serde(default, rename = "flow")]
     pub flows: Vec<FlowConfig>,
+    #[serde(default)]
+    pub maintenance: MaintenanceConfig,
+}
+
+/// `[maintenance]`: when `autocdc serve` maintains each flow's tables
+/// (snapshot expiry, file cleanup, orphan cleanup; see README, "Maintenance").
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MaintenanceConfig {
+    /// Maintain each flow this often ("0s": never on a timer).
+    #[serde(default = "default_maintenance_interval")]
+    pub interval: String,
+    /// ... and right after a commit once this many snapshots of the flow's
+    /// two tables can expire (0: never after a commit).
+    #[serde(default = "default_expire_threshold")]
+    pub expire_threshold: usize,
+    /// Delete files no metadata references once they are this old (at
+    /// least "1h", so no commit in flight loses a file); "off" never does.
+    #[serde(default = "default_orphan_older_than")]
+    pub orphan_older_than: String,
+    /// Orphan cleanup lists the whole table location: at most this often.
+    #[serde(default = "default_orphan_interval")]
+    pub orphan_interval: String,
+}
+
+fn default_maintenance_interval() -> String {
+    "10m".into()
+}
+fn default_expire_threshold() -> usize {
+    100
+}
+fn default_orphan_older_than() -> String {
+    "3d".into()
+}
+fn default_orphan_interval() -> String {
+    "1d".into()
+}
+
+impl Default for MaintenanceConfig {
+    fn default() -> Self {
+        MaintenanceConfig {
+            interval: default_maintenance_interval(),
+            expire_threshold: default_expire_threshold(),
+            orphan_older_than: default_orphan_older_than(),
+            orphan_interval: default_orphan_interval(),
+        }
+    }
+}
+
+/// `[maintenance]` parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaintenanceSchedule {
+    pub interval: Option<Duration>,
+    pub expire_threshold: usize,
+    pub orphans_older_than: Option<Duration>,
+    pub orphan_interval: Duration,
+}
+
+/// The shortest orphan window: files younger than this may belong to a
+/// commit in flight (here or in another writer).
+pub const MIN_ORPHAN_AGE: Duration = Duration::from_secs(3600);
+
+/// Parses an orphan window ("3d", "off"); under `MIN_ORPHAN_AGE` is refused.
+pub fn parse_orphan_window(setting: &str, text: &str) -> Result<Option<Duration>> {
+    if text.trim() == "off" {
+        return Ok(None);
+    }
+    let d = parse_duration_setting(setting, text)?;
+    if d < MIN_ORPHAN_AGE {
+        return Err(Error::Config(format!(
+            "{setting} = \"{text}\": at least \"1h\", so that no commit in flight loses a file it is about to name"
+        )));
+    }
+    Ok(Some(d))
+}
+
+impl MaintenanceConfig {
+    pub fn schedule(&self) -> Result<MaintenanceSchedule> {
+        let interval = parse_duration_setting("maintenance.interval", &self.interval)?;
+        Ok(MaintenanceSchedule {
+            interval: (!interval.is_zero()).then_some(interval),
+            expire_threshold: self.expire_threshold,
+            orphans_older_than: parse_orphan_window(
+                "maintenance.orphan_older_than",
+                &self.orphan_older_than,
+            )?,
+            orphan_interval: parse_duration_setting(
+                "maintenance.orphan_interval",
+                &self.orphan_interval,
+            )?,
+        })
+    }
 }
 
 /// `[server]`: used by `autocdc serve` only.
@@ -66,6 +158,9 @@ pub struct ServerConfig {
     /// gone, e.g. an instance retired after a rolling deploy).
     #[serde(default = "default_log_offsets_retention")]
     pub log_offsets_retention: String,
+    /// `[maintenance]` of the whole file, handed to the service.
+    #[serde(skip)]
+    pub maintenance: MaintenanceConfig,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -130,6 +225,7 @@ impl Default for ServerConfig {
             request_timeout: default_request_timeout(),
             idempotency_window: default_idempotency_window(),
             log_offsets_retention: default_log_offsets_retention(),
+            maintenance: MaintenanceConfig::default(),
         }
     }
 }

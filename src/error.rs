@@ -183,6 +183,7 @@ pub mod codes {
     pub const FORBIDDEN: &str = "AUTOCDC_FORBIDDEN";
     pub const REQUEST_TIMEOUT: &str = "AUTOCDC_REQUEST_TIMEOUT";
     pub const COMMIT_TIMEOUT: &str = "AUTOCDC_COMMIT_TIMEOUT";
+    pub const MAINTENANCE_TIMEOUT: &str = "AUTOCDC_MAINTENANCE_TIMEOUT";
     pub const SNAPSHOT_VERSION_REQUIRED: &str = "AUTOCDC_SNAPSHOT_VERSION_REQUIRED";
 
     // The service.
@@ -267,6 +268,7 @@ pub const REGISTRY: &[CodeInfo] = {
         info(UNAVAILABLE, 503, "starting or stopping"),
         info(REQUEST_TIMEOUT, 503, "the request took longer than `request_timeout`; retry it with its `Idempotency-Key`"),
         info(COMMIT_TIMEOUT, 504, "a commit waited for did not finish in time (the batch is safe in the log)"),
+        info(MAINTENANCE_TIMEOUT, 504, "a maintenance run waited for did not finish in time (it goes on; see the flow's status)"),
         info(WAL_WRITE_FAILED, 503, "the flow's log could not be written or synced; nothing was kept, retry"),
         info(WAL_CLOSED, 503, "the flow's log is closed (the flow is stopping)"),
         info(WAL_CORRUPT, 500, "a log segment cannot be read at start"),

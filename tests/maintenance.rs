@@ -528,3 +528,60 @@ fn snapshots_expire_by_age_and_count_as_in_iceberg_java() {
         assert_eq!(got, want);
     });
 }
+
+#[test]
+fn table_properties_of_the_flow_are_set_on_both_tables_and_kept_in_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let at = clock();
+    let mut cfg = customers_config();
+    cfg.table_properties = [(maintain::PROP_MERGE_MIN_COUNT.to_string(), "3".to_string())].into();
+    let flow = Flow::new(cfg.clone()).unwrap();
+    rt().block_on(async {
+        let cat = catalog(tmp.path(), faults.clone());
+        let mut e = open(&cat, &flow, &faults).await;
+        for t in [e.target(), e.state_table()] {
+            let props = t.metadata.properties();
+            assert_eq!(
+                props
+                    .get(maintain::PROP_MERGE_MIN_COUNT)
+                    .map(String::as_str),
+                Some("3")
+            );
+            assert_eq!(
+                props
+                    .get(maintain::PROP_DELETE_AFTER_COMMIT)
+                    .map(String::as_str),
+                Some("true")
+            );
+        }
+        let mut batches = Vec::new();
+        for i in 0..10 {
+            let b = evs_batch(&flow, i);
+            e.apply(&b, at(i)).await.unwrap();
+            batches.push(b);
+        }
+        let stats = maintain::stats(cat.file_io(), e.target()).await.unwrap();
+        assert!(stats.manifests <= 3, "{stats:?}");
+        // A changed definition changes the tables when the flow opens.
+        cfg.table_properties =
+            [(maintain::PROP_MERGE_MIN_COUNT.to_string(), "50".to_string())].into();
+        let flow = Flow::new(cfg.clone()).unwrap();
+        let e = open(&cat, &flow, &faults).await;
+        for t in [e.target(), e.state_table()] {
+            let props = t.metadata.properties();
+            assert_eq!(
+                props
+                    .get(maintain::PROP_MERGE_MIN_COUNT)
+                    .map(String::as_str),
+                Some("50")
+            );
+        }
+        assert_eq!(table_rows(&e).await, oracle(&flow, &batches));
+        // autocdc's own properties cannot be overridden.
+        cfg.table_properties =
+            [("write.delete.mode".to_string(), "copy-on-write".to_string())].into();
+        let err = Flow::new(cfg).unwrap_err();
+        assert_eq!(err.code(), "AUTOCDC_INVALID_DEFINITION", "{err}");
+    });
+}

@@ -169,3 +169,70 @@ fn s3_misconfigurations_stop_with_the_setting_and_the_stores_answer() {
         assert!(e.to_string().contains("[catalog.s3]"), "{e}");
     });
 }
+
+/// Maintenance on S3: expiry deletes the expired snapshots' manifest lists
+/// from the bucket, old metadata.json files go after each commit, and
+/// orphan cleanup deletes an unreferenced object older than the window and
+/// keeps a younger one; the table still equals the oracle.
+#[test]
+fn maintenance_on_s3_expires_and_cleans_orphans() {
+    use autocdc::table::engine::MaintainOptions;
+    rt().block_on(async {
+        let warehouse = s3_warehouse("maint");
+        let s3 = s3_config();
+        let cat = hadoop_s3(&warehouse, &s3);
+        let mut cfg = customers_config();
+        cfg.snapshot_max_age = Some("1ms".into());
+        cfg.min_snapshots_to_keep = Some(2);
+        cfg.table_properties = [(
+            "write.metadata.previous-versions-max".to_string(),
+            "3".to_string(),
+        )]
+        .into();
+        let flow = autocdc::core::flow::Flow::new(cfg).unwrap();
+        let mut engine = open_engine(&cat, &flow).await;
+        let mut batches = Vec::new();
+        for i in 0..8 {
+            let b = batch(&flow, &[u(i % 3, "Leeds", i), u(10 + i, "York", i)]);
+            engine.apply(&b, i).await.unwrap();
+            batches.push(b);
+        }
+        let storage = cat.storage().unwrap();
+        let location = engine.target().location().to_string();
+        let listed = storage.list_files(&location).await.unwrap();
+        let metadata_files = listed
+            .iter()
+            .filter(|f| f.location.ends_with(".metadata.json"))
+            .count();
+        assert!(
+            metadata_files <= 4,
+            "{metadata_files} metadata.json objects kept"
+        );
+        let stray = format!("{location}/data/stray.parquet");
+        storage
+            .put(&stray, bytes::Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+        let young = format!("{location}/data/young.parquet");
+        storage
+            .put(&young, bytes::Bytes::from_static(b"y"))
+            .await
+            .unwrap();
+        let report = engine
+            .maintain(&MaintainOptions {
+                now_ms: autocdc::service::now_ms(),
+                dry_run: false,
+                orphans_older_than: Some(std::time::Duration::from_secs(1)),
+            })
+            .await
+            .unwrap();
+        assert_eq!(report.target.snapshots_expired, 6, "{report:?}");
+        assert!(report.target.manifest_lists_deleted >= 6, "{report:?}");
+        assert!(report.target.orphans_deleted >= 1, "{report:?}");
+        assert!(!storage.exists(&stray).await.unwrap());
+        assert!(storage.exists(&young).await.unwrap());
+        let fresh = open_engine(&hadoop_s3(&warehouse, &s3), &flow).await;
+        assert_eq!(table_rows(&fresh).await, oracle(&flow, &batches));
+    });
+}

@@ -562,6 +562,7 @@ fn the_openapi_document_matches_the_routes() {
             ("POST", "/v1/flows/{flow}/snapshots"),
             ("POST", "/v1/flows/{flow}/commit"),
             ("GET", "/v1/flows/{flow}/dead-letters"),
+            ("POST", "/v1/flows/{flow}/maintain"),
         ]
         .iter()
         .map(|(m, p)| (m.to_string(), p.to_string()))
@@ -1193,5 +1194,83 @@ fn a_log_full_of_uncommitted_records_answers_429_and_keeps_them() {
             "{body}"
         );
         r.stop().await.unwrap();
+    });
+}
+
+/// `POST /v1/flows/{flow}/maintain`: a dry run reports and changes nothing,
+/// a run expires and says so; the flow's status and `/metrics` show the
+/// run and the tables' figures; the table is unchanged.
+#[test]
+fn the_maintain_endpoint_runs_between_commits_and_reports() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = flow_cfg("c", "1h");
+    cfg.snapshot_max_age = Some("1ms".into());
+    cfg.min_snapshots_to_keep = Some(1);
+    rt().block_on(async {
+        let r = start(config(tmp.path(), vec![cfg])).await;
+        let c = reqwest::Client::new();
+        let mut all = Vec::new();
+        for i in 0..3 {
+            let evs = [u(i, "Leeds", 10 + i), u(100, "York", 10 + i)];
+            all.extend(evs);
+            let (st, _) = post(
+                &c,
+                &url(&r, "/v1/flows/c/changes?wait=commit"),
+                "application/x-ndjson",
+                ndjson(&evs),
+                None,
+            )
+            .await;
+            assert_eq!(st, 200);
+        }
+        let maintain = |dry: bool| {
+            let c = c.clone();
+            let u = url(&r, &format!("/v1/flows/c/maintain?dry_run={dry}"));
+            async move {
+                let resp = c.post(u).send().await.unwrap();
+                (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+            }
+        };
+        let (st, dry) = maintain(true).await;
+        assert_eq!(st, 200, "{dry}");
+        assert_eq!(dry["dry_run"], true);
+        assert_eq!(dry["target"]["snapshots_expired"], 2, "{dry}");
+        assert_eq!(dry["target_stats"]["snapshots"], 3, "{dry}");
+        let (st, wet) = maintain(false).await;
+        assert_eq!(st, 200, "{wet}");
+        assert_eq!(wet["target"]["snapshots_expired"], 2, "{wet}");
+        assert_eq!(wet["target_stats"]["snapshots"], 1, "{wet}");
+        assert!(
+            wet["target"]["manifest_lists_deleted"].as_u64().unwrap() >= 2,
+            "{wet}"
+        );
+        let status = flow_status(&c, &r, "c").await;
+        let m = &status["status"]["maintenance"];
+        assert_eq!(m["runs"], 1, "{status}");
+        assert_eq!(m["snapshots_expired_total"], 4, "{status}");
+        assert!(m["bytes_deleted_total"].as_u64().unwrap() > 0, "{status}");
+        let metrics = c
+            .get(url(&r, "/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for line in [
+            "autocdc_maintenance_runs_total{flow=\"c\"} 1",
+            "autocdc_maintenance_last_ok{flow=\"c\"} 1",
+            "autocdc_table_snapshots{flow=\"c\",table=\"target\"} 1",
+        ] {
+            assert!(metrics.contains(line), "no `{line}` in\n{metrics}");
+        }
+        let resp = c
+            .post(url(&r, "/v1/flows/nope/maintain"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 404);
+        r.stop().await.unwrap();
+        assert_eq!(table(tmp.path(), "c").await, expected(&all));
     });
 }

@@ -192,6 +192,53 @@ pub struct FlowConfig {
     /// (default true); `autocdc maintain` and the endpoint work either way.
     #[serde(default)]
     pub maintenance: Option<bool>,
+    /// Iceberg table properties of the target and the state table, set when
+    /// the flow opens (e.g. `commit.manifest.min-count-to-merge`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub table_properties: std::collections::BTreeMap<String, String>,
+}
+
+/// At most this many `table_properties`, each key and value at most
+/// `MAX_PROPERTY_BYTES`.
+pub const MAX_TABLE_PROPERTIES: usize = 64;
+pub const MAX_PROPERTY_BYTES: usize = 1024;
+/// Properties autocdc owns: what it writes depends on them.
+const RESERVED_PROPERTIES: [&str; 5] = [
+    "format-version",
+    "write.delete.mode",
+    "write.update.mode",
+    "write.merge.mode",
+    "write.format.default",
+];
+
+fn check_table_properties(config: &FlowConfig) -> Result<()> {
+    let refuse = |m: String| {
+        Err(Error::definition(
+            &config.name,
+            codes::INVALID_DEFINITION,
+            m,
+        ))
+    };
+    if config.table_properties.len() > MAX_TABLE_PROPERTIES {
+        return refuse(format!(
+            "table_properties has {} entries; at most {MAX_TABLE_PROPERTIES}",
+            config.table_properties.len()
+        ));
+    }
+    for (k, v) in &config.table_properties {
+        if k.is_empty() || k.len() > MAX_PROPERTY_BYTES || v.len() > MAX_PROPERTY_BYTES {
+            let shown: String = k.chars().take(40).collect();
+            return refuse(format!(
+                "table_properties `{shown}`: keys are 1 to {MAX_PROPERTY_BYTES} bytes, values at most {MAX_PROPERTY_BYTES}"
+            ));
+        }
+        if k.starts_with("autocdc.") || RESERVED_PROPERTIES.contains(&k.as_str()) {
+            return refuse(format!(
+                "table_properties `{k}`: autocdc sets this one (its writes depend on it)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn default_scd_type() -> u8 {
@@ -293,6 +340,7 @@ impl Flow {
         let f = config.name.as_str();
         let target = parse_table_ident(f, &config.target)?;
         let scd2 = check_modes(&config)?;
+        check_table_properties(&config)?;
         let mut fields = declared_columns(&config)?;
         let (key_idx, seq_idx) = keys_and_sequence(&config, &mut fields)?;
         let target_cols = selected_columns(&config, &fields, &key_idx)?;

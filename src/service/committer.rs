@@ -9,10 +9,12 @@ use std::time::Duration;
 use arrow_array::RecordBatch;
 
 use super::{COMMIT_BUCKETS, Committed, FlowRuntime, Inner, MAX_BACKOFF, now_ms};
+use crate::config::MaintenanceSchedule;
 use crate::error::{Error, Result, codes};
 use crate::fault::Faults;
 use crate::table::catalog::Catalog;
 use crate::table::engine::{CommitReport, Engine, StateSummary};
+use crate::table::engine::{MaintainOptions, MaintenanceReport};
 
 /// The committer of one flow. Cadence: while data arrives, commits start
 /// `commit_interval` apart (measured start to start), and each takes
@@ -28,8 +30,10 @@ pub(super) async fn committer(
     catalog: Arc<dyn Catalog>,
     faults: Arc<Faults>,
     window: Duration,
+    schedule: MaintenanceSchedule,
 ) {
     let mut engine = Some(engine);
+    let mut clock = MaintenanceClock::new();
     let mut stop = rt.stop.subscribe();
     let mut backoff = Duration::from_millis(100);
     let interval = rt.flow.commit.interval;
@@ -63,6 +67,7 @@ pub(super) async fn committer(
                 message: format!("the commit panicked: {}", panic_message(&*panic)),
             })
         });
+        maintain_if_due(&rt, &mut engine, &catalog, &faults, &schedule, &mut clock).await;
         match outcome {
             Ok(next) => {
                 if rt.lock().status.degraded {
@@ -71,6 +76,7 @@ pub(super) async fn committer(
                 backoff = Duration::from_millis(100);
                 let asked = rt.requested.load(std::sync::atomic::Ordering::SeqCst);
                 if stopping && next == Next::Empty {
+                    rt.refuse_maintenance();
                     return;
                 }
                 if next == Next::Full || (next == Next::Some && asked > rt.applied()) {
@@ -91,6 +97,7 @@ pub(super) async fn committer(
                 );
                 if stopping && backoff >= MAX_BACKOFF {
                     // Give up on the final commit; the log keeps the batches.
+                    rt.refuse_maintenance();
                     return;
                 }
                 tokio::time::sleep(backoff).await;
@@ -99,6 +106,148 @@ pub(super) async fn committer(
             }
         }
     }
+}
+
+/// When this flow's maintenance last ran (and last cleaned orphans).
+struct MaintenanceClock {
+    last_run: tokio::time::Instant,
+    last_orphans: Option<tokio::time::Instant>,
+    /// The threshold check reads the tables' refs: at most every `THRESHOLD_CHECK`.
+    last_check: tokio::time::Instant,
+}
+
+const THRESHOLD_CHECK: Duration = Duration::from_secs(10);
+
+impl MaintenanceClock {
+    fn new() -> Self {
+        MaintenanceClock {
+            last_run: tokio::time::Instant::now(),
+            last_orphans: None,
+            last_check: tokio::time::Instant::now(),
+        }
+    }
+}
+
+/// Between commits: runs the maintenance asked for (`POST .../maintain`),
+/// and the scheduled one when `interval` has passed since the last run or
+/// the last commit left `expire_threshold` snapshots that can expire. A
+/// failure is logged and counted, the engine reopened; commits go on.
+async fn maintain_if_due(
+    rt: &FlowRuntime,
+    engine: &mut Option<Engine>,
+    catalog: &Arc<dyn Catalog>,
+    faults: &Arc<Faults>,
+    schedule: &MaintenanceSchedule,
+    clock: &mut MaintenanceClock,
+) {
+    let asked = std::mem::take(
+        &mut *rt
+            .maintain_requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()),
+    );
+    let now = now_ms();
+    let timer = schedule
+        .interval
+        .is_some_and(|i| clock.last_run.elapsed() >= i);
+    let mut threshold = false;
+    if let Some(e) = engine
+        .as_ref()
+        .filter(|_| clock.last_check.elapsed() >= THRESHOLD_CHECK)
+    {
+        clock.last_check = tokio::time::Instant::now();
+        threshold = schedule.expire_threshold > 0
+            && e.expirable_snapshots(now) >= schedule.expire_threshold;
+        // The tables' figures for /metrics, at most THRESHOLD_CHECK old.
+        let io = catalog.file_io();
+        if let (Ok(t), Ok(st)) = (
+            crate::table::maintain::stats(io, e.target()).await,
+            crate::table::maintain::stats(io, e.state_table()).await,
+        ) {
+            let mut inner = rt.lock();
+            inner.status.maintenance.target = t;
+            inner.status.maintenance.state = st;
+        }
+    }
+    let scheduled = rt.flow.maintenance.scheduled && (timer || threshold);
+    if asked.is_empty() && !scheduled {
+        return;
+    }
+    // Orphan cleanup lists whole table locations: on the timer at most every
+    // `orphan_interval`, and whenever an operator asks.
+    let orphans_due = timer
+        && clock
+            .last_orphans
+            .is_none_or(|t| t.elapsed() >= schedule.orphan_interval);
+    let mut runs: Vec<(bool, bool, Option<super::MaintainRequest>)> = asked
+        .into_iter()
+        .map(|r| (r.dry_run, true, Some(r)))
+        .collect();
+    if scheduled && !runs.iter().any(|(dry, _, _)| !dry) {
+        runs.push((false, orphans_due, None));
+    }
+    for (dry_run, orphans, request) in runs {
+        let opts = MaintainOptions {
+            now_ms: now_ms(),
+            dry_run,
+            orphans_older_than: schedule.orphans_older_than.filter(|_| orphans),
+        };
+        let result = run_maintenance(rt, engine, catalog, faults, &opts).await;
+        if !dry_run {
+            clock.last_run = tokio::time::Instant::now();
+            if opts.orphans_older_than.is_some() && result.is_ok() {
+                clock.last_orphans = Some(clock.last_run);
+            }
+        }
+        if let Some(r) = request {
+            let _ = r.reply.send(result);
+        }
+    }
+}
+
+async fn run_maintenance(
+    rt: &FlowRuntime,
+    engine: &mut Option<Engine>,
+    catalog: &Arc<dyn Catalog>,
+    faults: &Arc<Faults>,
+    opts: &MaintainOptions,
+) -> Result<MaintenanceReport> {
+    if engine.is_none() {
+        let opened = Engine::open_for_log(
+            rt.flow.clone(),
+            catalog.clone(),
+            faults.clone(),
+            Some(rt.log_ref.clone()),
+        )
+        .await;
+        match opened {
+            Ok(e) => *engine = Some(e),
+            Err(e) => {
+                rt.record_maintenance(&Err(&e), opts.dry_run);
+                return Err(e);
+            }
+        }
+    }
+    let eng = engine.as_mut().expect("opened above");
+    let result = eng.maintain(opts).await;
+    rt.record_maintenance(&result.as_ref(), opts.dry_run);
+    match &result {
+        Ok(report) => tracing::info!(
+            flow = %rt.flow.name,
+            dry_run = opts.dry_run,
+            snapshots_expired = report.target.snapshots_expired + report.state.snapshots_expired,
+            files_deleted = report.files_deleted(),
+            bytes_deleted = report.target.bytes_deleted + report.state.bytes_deleted,
+            elapsed_ms = report.elapsed_ms as u64,
+            "maintenance"
+        ),
+        Err(e) => {
+            tracing::error!(flow = %rt.flow.name, error = %e, "maintenance_failed");
+            // It may have stopped half-way: reopen before the next commit.
+            *engine = None;
+        }
+    }
+    result
 }
 
 /// The text of a caught panic.
@@ -122,6 +271,45 @@ enum Next {
 }
 
 impl FlowRuntime {
+    /// The committer is gone: the runs asked for will not happen.
+    fn refuse_maintenance(&self) {
+        // Dropping the senders answers each waiting request.
+        self.maintain_requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    fn record_maintenance(
+        &self,
+        result: &std::result::Result<&MaintenanceReport, &Error>,
+        dry_run: bool,
+    ) {
+        let mut inner = self.lock();
+        let m = &mut inner.status.maintenance;
+        match result {
+            Ok(r) => {
+                m.target = r.target_stats.clone();
+                m.state = r.state_stats.clone();
+                if dry_run {
+                    return;
+                }
+                m.runs += 1;
+                m.last_error = None;
+                m.snapshots_expired_total +=
+                    (r.target.snapshots_expired + r.state.snapshots_expired) as u64;
+                m.files_deleted_total += r.files_deleted() as u64;
+                m.bytes_deleted_total += r.target.bytes_deleted + r.state.bytes_deleted;
+                m.last_report = Some((*r).clone());
+            }
+            Err(e) => {
+                m.failures += 1;
+                m.last_error = Some(e.to_string());
+            }
+        }
+        m.last_run_ms = Some(now_ms());
+    }
+
     fn applied(&self) -> i64 {
         self.lock().status.applied_offset
     }

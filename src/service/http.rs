@@ -38,6 +38,8 @@ pub enum ApiError {
     RequestTimeout(String),
     /// A commit waited for (`/commit`, `?wait=commit`) did not finish in time.
     CommitTimeout(String),
+    /// A maintenance run waited for (`/maintain`) did not finish in time.
+    MaintenanceTimeout(String),
     BadIdempotencyKey(String),
     SnapshotVersionRequired(String),
 }
@@ -58,6 +60,7 @@ impl ApiError {
             ApiError::BodyTooLarge(_) => codes::BODY_TOO_LARGE,
             ApiError::RequestTimeout(_) => codes::REQUEST_TIMEOUT,
             ApiError::CommitTimeout(_) => codes::COMMIT_TIMEOUT,
+            ApiError::MaintenanceTimeout(_) => codes::MAINTENANCE_TIMEOUT,
             ApiError::BadIdempotencyKey(_) => codes::BAD_IDEMPOTENCY_KEY,
             ApiError::SnapshotVersionRequired(_) => codes::SNAPSHOT_VERSION_REQUIRED,
         }
@@ -77,6 +80,7 @@ impl ApiError {
             | ApiError::BodyTooLarge(m)
             | ApiError::RequestTimeout(m)
             | ApiError::CommitTimeout(m)
+            | ApiError::MaintenanceTimeout(m)
             | ApiError::BadIdempotencyKey(m)
             | ApiError::SnapshotVersionRequired(m) => format!("[{}] {m}", self.code()),
         }
@@ -149,6 +153,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/flows/{flow}/snapshots", post(post_snapshots))
         .route("/v1/flows/{flow}/commit", post(post_commit))
         .route("/v1/flows/{flow}/dead-letters", get(get_dead_letters))
+        .route("/v1/flows/{flow}/maintain", post(post_maintain))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(
             service.clone(),
@@ -159,6 +164,46 @@ pub fn router(service: Arc<Service>) -> Router {
             content_length_limit,
         ))
         .with_state(service)
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+struct MaintainQuery {
+    /// Report what would be done; change nothing.
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// Runs the flow's maintenance now, between its commits: snapshot expiry and
+/// the cleanup of the files only expired snapshots referenced, then orphan
+/// cleanup (`[maintenance] orphan_older_than`). Answers with what was done.
+#[utoipa::path(
+    post,
+    path = "/v1/flows/{flow}/maintain",
+    params(("flow" = String, Path, description = "flow name"), MaintainQuery),
+    responses(
+        (status = 200, description = "what the run did (or, dry, would do)", body = crate::table::engine::MaintenanceReport),
+        (status = 504, description = "the run did not finish in time (it goes on)", body = ErrorResponse),
+        (status = 401, description = "missing or unknown token", body = ErrorResponse), (status = 403, description = "token not allowed on this flow", body = ErrorResponse), (status = 404, description = "unknown flow", body = ErrorResponse), (status = 503, description = "recovering or stopping", body = ErrorResponse)
+    )
+)]
+async fn post_maintain(
+    State(service): State<Arc<Service>>,
+    Path(flow): Path<String>,
+    Query(q): Query<MaintainQuery>,
+    headers: HeaderMap,
+) -> ApiResult<Json<crate::table::engine::MaintenanceReport>> {
+    authorize(&service, &headers, Some(&flow))?;
+    let rt = service.flow(&flow)?;
+    let timeout = service
+        .config
+        .request_timeout()
+        .unwrap_or(Duration::from_secs(60));
+    match rt.maintain(q.dry_run, timeout).await? {
+        Some(report) => Ok(Json(report)),
+        None => Err(ApiError::MaintenanceTimeout(format!(
+            "maintenance of `{flow}` did not finish within {timeout:?}; it goes on, see GET /v1/flows/{flow}"
+        ))),
+    }
 }
 
 /// The process is up.
@@ -190,6 +235,7 @@ async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
         delete_flow,
         healthz,
         readyz,
+        post_maintain,
         metrics,
         openapi_json
     ),
@@ -199,6 +245,9 @@ async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
         SnapshotResponse,
         ChangesResponse,
         CommitResponse,
+        crate::table::engine::MaintenanceReport,
+        crate::table::maintain::TableReport,
+        crate::table::maintain::TableStats,
         ErrorResponse,
         ErrorBody,
         FlowView,
@@ -829,7 +878,20 @@ async fn readyz(State(service): State<Arc<Service>>) -> Response {
         )
             .into_response();
     }
-    Json(json!({ "status": "ready" })).into_response()
+    // Maintenance failures do not stop ingest: shown, not made unready.
+    let warnings: Vec<_> = flows
+        .iter()
+        .filter_map(|rt| {
+            let m = rt.status().maintenance;
+            m.last_error
+                .map(|e| json!({ "flow": rt.flow.name, "maintenance_error": e }))
+        })
+        .collect();
+    if warnings.is_empty() {
+        Json(json!({ "status": "ready" })).into_response()
+    } else {
+        Json(json!({ "status": "ready", "warnings": warnings })).into_response()
+    }
 }
 
 /// Prometheus text format: per-flow counters, commit latency histogram, WAL bytes, state keys.
@@ -893,7 +955,10 @@ pub async fn start_with_logs(
 ) -> crate::Result<Running> {
     let catalog = crate::table::catalog::open(&config.catalog, faults.clone())?;
     let flows = config.flows()?;
-    let service = Service::with_logs(config.server.clone(), catalog, faults, logs)?;
+    config.maintenance.schedule()?;
+    let mut server = config.server.clone();
+    server.maintenance = config.maintenance.clone();
+    let service = Service::with_logs(server, catalog, faults, logs)?;
     let listener = tokio::net::TcpListener::bind(&config.server.listen)
         .await
         .map_err(|e| Error::Config(format!("server.listen = {}: {e}", config.server.listen)))?;

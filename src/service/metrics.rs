@@ -10,7 +10,7 @@ pub fn render(service: &Service) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     type Metric = (&'static str, &'static str, fn(&FlowStatus) -> f64);
-    let counters: [Metric; 23] = [
+    let counters: [Metric; 30] = [
         ("autocdc_rows_in_total", "counter", |s| {
             s.counters.rows_in as f64
         }),
@@ -64,6 +64,32 @@ pub fn render(service: &Service) -> String {
         ("autocdc_committed_offset", "gauge", |s| {
             s.committed_offset as f64
         }),
+        ("autocdc_maintenance_runs_total", "counter", |s| {
+            s.maintenance.runs as f64
+        }),
+        ("autocdc_maintenance_failures_total", "counter", |s| {
+            s.maintenance.failures as f64
+        }),
+        // 1 when the last run succeeded, 0 when it failed (or none ran yet).
+        ("autocdc_maintenance_last_ok", "gauge", |s| {
+            (s.maintenance.runs > 0 && s.maintenance.last_error.is_none()) as u8 as f64
+        }),
+        (
+            "autocdc_maintenance_last_run_timestamp_seconds",
+            "gauge",
+            |s| s.maintenance.last_run_ms.unwrap_or(0) as f64 / 1e3,
+        ),
+        (
+            "autocdc_maintenance_snapshots_expired_total",
+            "counter",
+            |s| s.maintenance.snapshots_expired_total as f64,
+        ),
+        ("autocdc_maintenance_files_deleted_total", "counter", |s| {
+            s.maintenance.files_deleted_total as f64
+        }),
+        ("autocdc_maintenance_bytes_deleted_total", "counter", |s| {
+            s.maintenance.bytes_deleted_total as f64
+        }),
     ];
     let flows = service.flows();
     let statuses: Vec<_> = flows
@@ -74,6 +100,27 @@ pub fn render(service: &Service) -> String {
         let _ = writeln!(out, "# TYPE {name} {kind}");
         for (flow, s) in &statuses {
             let _ = writeln!(out, "{name}{{flow=\"{flow}\"}} {}", f(s));
+        }
+    }
+    // The target's and the state table's figures (refreshed between commits).
+    type TableMetric = (&'static str, fn(&crate::table::maintain::TableStats) -> f64);
+    let tables: [TableMetric; 6] = [
+        ("autocdc_table_snapshots", |t| t.snapshots as f64),
+        ("autocdc_table_manifests", |t| t.manifests as f64),
+        ("autocdc_table_data_files", |t| t.data_files as f64),
+        ("autocdc_table_delete_files", |t| t.delete_files as f64),
+        ("autocdc_table_metadata_bytes", |t| t.metadata_bytes as f64),
+        ("autocdc_table_bytes", |t| t.table_bytes as f64),
+    ];
+    for (name, f) in tables {
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (flow, s) in &statuses {
+            for (table, t) in [
+                ("target", &s.maintenance.target),
+                ("state", &s.maintenance.state),
+            ] {
+                let _ = writeln!(out, "{name}{{flow=\"{flow}\",table=\"{table}\"}} {}", f(t));
+            }
         }
     }
     let _ = writeln!(out, "# TYPE autocdc_commit_latency_ms histogram");

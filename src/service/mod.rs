@@ -88,6 +88,30 @@ pub struct FlowStatus {
     pub snapshot_version: Option<i64>,
     /// Records kept in the flow's dead-letter area (`GET .../dead-letters`).
     pub dead_letters: usize,
+    pub maintenance: MaintenanceStatus,
+}
+
+/// The flow's maintenance as `GET /v1/flows/{flow}` and `/metrics` show it.
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
+pub struct MaintenanceStatus {
+    pub runs: u64,
+    pub failures: u64,
+    /// When the last run ended (ms since the epoch) and how it ended.
+    pub last_run_ms: Option<i64>,
+    pub last_error: Option<String>,
+    pub last_report: Option<crate::table::engine::MaintenanceReport>,
+    pub snapshots_expired_total: u64,
+    pub files_deleted_total: u64,
+    pub bytes_deleted_total: u64,
+    /// The target's and the state table's figures after the last commit or run.
+    pub target: crate::table::maintain::TableStats,
+    pub state: crate::table::maintain::TableStats,
+}
+
+/// `POST /v1/flows/{flow}/maintain`, waiting for the flow's committer.
+pub struct MaintainRequest {
+    pub dry_run: bool,
+    pub reply: tokio::sync::oneshot::Sender<Result<crate::table::engine::MaintenanceReport>>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -170,7 +194,11 @@ pub struct FlowRuntime {
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Acknowledged records that can never be applied.
     pub dead: crate::service::dead_letter::DeadLetters,
+    /// Maintenance runs asked for and not yet started (at most `MAX_MAINTAIN_REQUESTS`).
+    maintain_requests: Mutex<Vec<MaintainRequest>>,
 }
+
+const MAX_MAINTAIN_REQUESTS: usize = 16;
 
 pub const COMMIT_BUCKETS: [f64; 8] = [10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0, 30000.0];
 const RECENT_COMMITS: usize = 256;
@@ -212,6 +240,38 @@ impl FlowRuntime {
 
     pub fn subscribe(&self) -> watch::Receiver<Committed> {
         self.committed.subscribe()
+    }
+
+    /// Asks the flow's committer for a maintenance run between its commits
+    /// and waits for the report (up to `timeout`).
+    pub async fn maintain(
+        &self,
+        dry_run: bool,
+        timeout: Duration,
+    ) -> Result<Option<crate::table::engine::MaintenanceReport>> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        {
+            let mut q = self
+                .maintain_requests
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if q.len() >= MAX_MAINTAIN_REQUESTS {
+                return Err(Error::Unavailable(format!(
+                    "flow `{}`: {MAX_MAINTAIN_REQUESTS} maintenance runs are already waiting; retry later",
+                    self.flow.name
+                )));
+            }
+            q.push(MaintainRequest { dry_run, reply });
+        }
+        self.wake.notify_one();
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(result)) => result.map(Some),
+            Ok(Err(_)) => Err(Error::Unavailable(format!(
+                "flow `{}` stopped before its maintenance ran",
+                self.flow.name
+            ))),
+            Err(_) => Ok(None),
+        }
     }
 
     /// Asks the committer to commit everything appended so far now, rather
@@ -539,6 +599,7 @@ impl Service {
             requested: applied.into(),
             task: Mutex::new(None),
             dead,
+            maintain_requests: Mutex::new(Vec::new()),
         });
         let task = tokio::spawn(committer::committer(
             rt.clone(),
@@ -546,6 +607,7 @@ impl Service {
             self.catalog.clone(),
             self.faults.clone(),
             self.window,
+            self.config.maintenance.schedule()?,
         ));
         *rt.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
         self.flows

@@ -257,6 +257,23 @@ pub struct MaintenanceReport {
     pub elapsed_ms: f64,
 }
 
+impl MaintenanceReport {
+    /// Files deleted from both tables (expired, resumed and orphans).
+    pub fn files_deleted(&self) -> usize {
+        [&self.target, &self.state]
+            .iter()
+            .map(|t| {
+                t.manifest_lists_deleted
+                    + t.manifests_deleted
+                    + t.data_files_deleted
+                    + t.delete_files_deleted
+                    + t.orphans_deleted
+                    + t.resumed_files_deleted
+            })
+            .sum()
+    }
+}
+
 pub struct Engine {
     pub flow: Flow,
     codec: Codec,
@@ -306,7 +323,36 @@ fn target_properties(flow: &Flow) -> HashMap<String, String> {
         ("write.format.default".to_string(), "parquet".to_string()),
         (PROP_FLOW.to_string(), flow.name.clone()),
     ]);
+    props.extend(flow.config.table_properties.clone());
     props
+}
+
+/// Sets the flow's `table_properties` a table lacks or has otherwise (one
+/// commit, only when something differs).
+async fn ensure_properties(
+    flow: &Flow,
+    catalog: &dyn Catalog,
+    t: TableState,
+) -> Result<TableState> {
+    let updates: HashMap<String, String> = flow
+        .config
+        .table_properties
+        .iter()
+        .filter(|(k, v)| t.metadata.properties().get(*k) != Some(*v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if updates.is_empty() {
+        return Ok(t);
+    }
+    catalog
+        .commit(
+            &t,
+            vec![iceberg::TableUpdate::SetProperties { updates }],
+            vec![iceberg::TableRequirement::UuidMatch {
+                uuid: t.metadata.uuid(),
+            }],
+        )
+        .await
 }
 
 /// The id of the latest snapshot of the target this flow wrote.
@@ -427,7 +473,7 @@ async fn open_tables(flow: &Flow, catalog: &dyn Catalog) -> Result<(TableState, 
     let target = match catalog.load_table(&flow.target).await? {
         Some(t) => {
             check_schema(flow, &t.metadata)?;
-            t
+            ensure_properties(flow, catalog, t).await?
         }
         None => {
             catalog
@@ -442,9 +488,10 @@ async fn open_tables(flow: &Flow, catalog: &dyn Catalog) -> Result<(TableState, 
     };
     let state_ident = flow.state_ident();
     let state_tbl = match catalog.load_table(&state_ident).await? {
-        Some(t) => t,
+        Some(t) => ensure_properties(flow, catalog, t).await?,
         None => {
             let mut props = maintain::created_table_properties();
+            props.extend(flow.config.table_properties.clone());
             props.insert(PROP_FLOW.to_string(), flow.name.clone());
             catalog
                 .create_table(
@@ -699,6 +746,9 @@ impl Engine {
         let policy = self.flow.maintenance;
         let count = |t: &TableState, protect: Option<i64>| {
             let meta = &t.metadata;
+            if meta.snapshots().len() <= 1 {
+                return 0;
+            }
             maintain::expirable(
                 meta,
                 now_ms,

@@ -372,7 +372,11 @@ pub async fn expire(
     let gone = reachable(file_io, table, ids.iter().copied()).await?;
     let mut files: Vec<(String, u64, String)> = Vec::new();
     for l in gone.lists.difference(&live.lists) {
-        files.push((l.clone(), 0, "list".into()));
+        let size = match file_io.new_input(l)?.metadata().await {
+            Ok(m) => m.size,
+            Err(_) => 0, // already gone: nothing to count
+        };
+        files.push((l.clone(), size, "list".into()));
     }
     for (m, size) in &gone.manifests {
         if !live.manifests.contains_key(m) {

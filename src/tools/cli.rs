@@ -97,8 +97,31 @@ pub enum Command {
         full: bool,
         flow: String,
     },
+    /// Maintain flows' tables now: expire snapshots, delete the files only
+    /// expired snapshots referenced, delete orphan files (see README, "Maintenance").
+    Maintain {
+        #[arg(long, default_value = "autocdc.toml")]
+        config: PathBuf,
+        /// Only this flow (default: every flow of the configuration).
+        #[arg(long)]
+        flow: Option<String>,
+        /// Print what would be done; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Delete unreferenced files older than this ("off": none); default
+        /// `[maintenance] orphan_older_than` (3d). At least "1h".
+        #[arg(long)]
+        orphans_older_than: Option<String>,
+        /// Print the reports as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure end-to-end apply throughput (see README, "Benchmark").
     Bench(crate::tools::bench::BenchArgs),
+    /// Thousands of small commits with maintenance on, then off: metadata,
+    /// snapshots, manifests, files, disk and scan time every 1,000 commits
+    /// (see README, "Maintenance").
+    BenchLong(crate::tools::bench_long::BenchLongArgs),
     /// Load-test `autocdc serve` (in this process) over HTTP with NDJSON and Arrow IPC.
     BenchServe(crate::tools::loadgen::LoadArgs),
     /// Run `autocdc serve` in a child process under a steady load for a while;
@@ -219,8 +242,16 @@ pub async fn run(cli: Cli) -> Result<()> {
         } => show(&config, warehouse, &table, limit).await,
         Command::State { config, table } => state(&config, &table).await,
         Command::Refresh { config, full, flow } => refresh(&config, full, &flow).await,
+        Command::Maintain {
+            config,
+            flow,
+            dry_run,
+            orphans_older_than,
+            json,
+        } => maintain(&config, flow.as_deref(), dry_run, orphans_older_than, json).await,
         Command::Bench(args) => crate::tools::bench::run(args).await,
         Command::BenchServe(args) => crate::tools::loadgen::run(args).await,
+        Command::BenchLong(args) => crate::tools::bench_long::run(args).await,
         Command::Soak(args) => crate::tools::soak::run(args).await,
         Command::Serve { config, listen } => {
             let mut cfg = match config {
@@ -348,6 +379,107 @@ async fn state(config: &Path, table: &str) -> Result<()> {
     let engine = Engine::open(flow, catalog, Arc::new(Faults::default())).await?;
     println!("{}", serde_json::to_string_pretty(&engine.summary())?);
     Ok(())
+}
+
+/// `autocdc maintain`: one maintenance run per flow, its report printed.
+async fn maintain(
+    config: &Path,
+    only: Option<&str>,
+    dry_run: bool,
+    orphans: Option<String>,
+    json: bool,
+) -> Result<()> {
+    let config = load_config(config)?;
+    let flows = match only {
+        Some(name) => vec![config.flow(name)?],
+        None => config.flows()?,
+    };
+    let orphans_older_than = match orphans {
+        Some(text) => crate::config::parse_orphan_window("--orphans-older-than", &text)?,
+        None => config.maintenance.schedule()?.orphans_older_than,
+    };
+    let catalog = open_catalog(&config.catalog)?;
+    for flow in flows {
+        if catalog.load_table(&flow.target).await?.is_none() {
+            println!(
+                "{}: table {} does not exist yet; nothing to maintain",
+                flow.name, flow.target
+            );
+            continue;
+        }
+        let mut engine = Engine::open(flow, catalog.clone(), Arc::new(Faults::default())).await?;
+        let report = engine
+            .maintain(&crate::table::engine::MaintainOptions {
+                now_ms: now_ms(),
+                dry_run,
+                orphans_older_than,
+            })
+            .await?;
+        if json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print_maintenance(&report);
+        }
+    }
+    Ok(())
+}
+
+fn print_maintenance(r: &crate::table::engine::MaintenanceReport) {
+    let verb = if r.dry_run { "would delete" } else { "deleted" };
+    println!(
+        "{}{} ({:.0} ms)",
+        r.flow,
+        if r.dry_run {
+            " (dry run: nothing changed)"
+        } else {
+            ""
+        },
+        r.elapsed_ms
+    );
+    for (t, s) in [(&r.target, &r.target_stats), (&r.state, &r.state_stats)] {
+        println!(
+            "  {}: {} snapshots expired, {} kept; {verb} {} manifest lists, {} manifests, {} data files, {} delete files, {} orphans, {} ({} bytes){}",
+            t.table,
+            t.snapshots_expired,
+            t.snapshots_kept,
+            t.manifest_lists_deleted,
+            t.manifests_deleted,
+            t.data_files_deleted,
+            t.delete_files_deleted,
+            t.orphans_deleted,
+            human_bytes(t.bytes_deleted),
+            t.bytes_deleted,
+            if t.resumed_files_deleted > 0 {
+                format!(
+                    "; finished an earlier run's cleanup ({} files)",
+                    t.resumed_files_deleted
+                )
+            } else {
+                String::new()
+            }
+        );
+        println!(
+            "    now: {} snapshots, {} manifests, {} data files, {} delete files, metadata.json {}, table {}",
+            s.snapshots,
+            s.manifests,
+            s.data_files,
+            s.delete_files,
+            human_bytes(s.metadata_bytes),
+            human_bytes(s.table_bytes)
+        );
+        for n in &t.notes {
+            println!("    note: {n}");
+        }
+    }
+}
+
+pub fn human_bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
+    }
 }
 
 /// `autocdc refresh --full`: drops the target and its state.

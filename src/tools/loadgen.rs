@@ -136,6 +136,7 @@ pub async fn run(a: LoadArgs) -> Result<()> {
             s3: None,
         },
         flows,
+        maintenance: Default::default(),
     };
     let running = crate::service::http::start(config, Arc::new(Faults::default())).await?;
     let client = reqwest::Client::builder()

@@ -3,6 +3,7 @@
 //! `generate` (the synthetic ghost-kitchen feed) and `soak` (a long run sampled).
 
 pub mod bench;
+pub mod bench_long;
 pub mod cli;
 pub mod generate;
 pub mod loadgen;

@@ -163,6 +163,7 @@ pub async fn run(a: SoakArgs) -> Result<()> {
         },
         catalog: catalog.clone(),
         flows,
+        maintenance: Default::default(),
     };
     let config_path = dir.join("soak.toml");
     std::fs::write(

@@ -34,6 +34,7 @@ pub fn config(dir: &Path, flows: Vec<FlowConfig>) -> Config {
             s3: None,
         },
         flows,
+        maintenance: Default::default(),
     }
 }
 
