@@ -335,7 +335,7 @@ fn a_run_stopped_anywhere_is_finished_by_the_next() {
             assert_referenced_exist(&cat, e.target()).await;
             let pending = tmp
                 .path()
-                .join("crm/customers/metadata/autocdc-expire-pending.json");
+                .join("crm/customers/metadata/autocdc-expire-pending.avro");
             assert!(pending.exists(), "{point:?}: the cleanup record is kept");
             let report = run(&mut e, at(19)).await;
             assert!(

@@ -43,8 +43,14 @@ const DEFAULT_MANIFEST_TARGET_BYTES: u64 = 8 << 20;
 pub const CREATED_MAX_AGE_MS: i64 = 3600 * 1000;
 pub const CREATED_PREVIOUS_VERSIONS: usize = 20;
 
-/// The pending-cleanup record, next to the table's metadata files.
-const PENDING: &str = "autocdc-expire-pending.json";
+/// The pending-cleanup record, next to the table's metadata files: Avro,
+/// as the manifests there (stores that guard a table's layout, like a REST
+/// catalog's, accept only Avro files under `metadata/`).
+const PENDING: &str = "autocdc-expire-pending.avro";
+const PENDING_SCHEMA: &str = r#"{"type": "record", "name": "autocdc_expire_pending", "fields": [
+  {"name": "expired", "type": {"type": "array", "items": "long"}},
+  {"name": "files", "type": {"type": "array", "items": {"type": "record", "name": "pending_file", "fields": [
+    {"name": "path", "type": "string"}, {"name": "size", "type": "long"}, {"name": "kind", "type": "string"}]}}}]}"#;
 
 /// The maintenance properties autocdc sets on a table it creates.
 pub fn created_table_properties() -> HashMap<String, String> {
@@ -280,7 +286,39 @@ pub struct TableReport {
 #[derive(Debug, Serialize, Deserialize)]
 struct Pending {
     expired: Vec<i64>,
-    files: Vec<(String, u64, String)>,
+    files: Vec<PendingFile>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct PendingFile {
+    path: String,
+    size: i64,
+    /// `list`, `manifest`, `data` or `delete`.
+    kind: String,
+}
+
+impl Pending {
+    fn encode(&self) -> Result<Vec<u8>> {
+        let avro = |e: apache_avro::Error| {
+            Error::Iceberg(iceberg::Error::new(
+                iceberg::ErrorKind::Unexpected,
+                format!("the cleanup record: {e}"),
+            ))
+        };
+        let schema = apache_avro::Schema::parse_str(PENDING_SCHEMA).map_err(avro)?;
+        let mut w = apache_avro::Writer::new(&schema, Vec::new());
+        w.append_ser(self).map_err(avro)?;
+        w.into_inner().map_err(avro)
+    }
+
+    fn decode(bytes: &[u8]) -> std::result::Result<Pending, String> {
+        let mut r = apache_avro::Reader::new(bytes).map_err(|e| e.to_string())?;
+        let value = r
+            .next()
+            .ok_or("an empty record")?
+            .map_err(|e| e.to_string())?;
+        apache_avro::from_value(&value).map_err(|e| e.to_string())
+    }
 }
 
 fn pending_path(location: &str) -> String {
@@ -291,17 +329,17 @@ fn pending_path(location: &str) -> String {
 /// already gone counts as deleted; any other failure is returned.
 async fn delete_all(
     file_io: &FileIO,
-    files: &[(String, u64, String)],
+    files: &[PendingFile],
     report: &mut TableReport,
     faults: &Faults,
 ) -> Result<()> {
-    for (i, (path, size, kind)) in files.iter().enumerate() {
+    for (i, f) in files.iter().enumerate() {
         if i == files.len() / 2 && i > 0 {
             faults.hit(FaultPoint::MidMaintenanceDeletes)?;
         }
-        file_io.delete(path).await?;
-        report.bytes_deleted += size;
-        match kind.as_str() {
+        file_io.delete(&f.path).await?;
+        report.bytes_deleted += f.size.max(0) as u64;
+        match f.kind.as_str() {
             "list" => report.manifest_lists_deleted += 1,
             "manifest" => report.manifests_deleted += 1,
             "delete" => report.delete_files_deleted += 1,
@@ -315,11 +353,15 @@ async fn delete_all(
 /// landed the files go now; when it did not, the record goes.
 pub async fn resume(file_io: &FileIO, table: &TableState, report: &mut TableReport) -> Result<()> {
     let path = pending_path(table.location());
-    let input = file_io.new_input(&path)?;
-    if !input.exists().await? {
-        return Ok(());
-    }
-    let pending: Pending = match serde_json::from_slice(&input.read().await?) {
+    // Read, not probed: a store that may not list answers a probe for a
+    // missing object with 403 (S3 without ListBucket), like a REST
+    // catalog's vended credentials. Unreadable = none; orphan cleanup
+    // finds what such a record would have named.
+    let bytes = match file_io.new_input(&path)?.read().await {
+        Ok(b) => b,
+        Err(_) => return Ok(()),
+    };
+    let pending = match Pending::decode(&bytes) {
         Ok(p) => p,
         Err(e) => {
             report
@@ -370,27 +412,39 @@ pub async fn expire(
         .filter(|id| !expired_set.contains(id));
     let live = reachable(file_io, table, retained.collect::<Vec<_>>()).await?;
     let gone = reachable(file_io, table, ids.iter().copied()).await?;
-    let mut files: Vec<(String, u64, String)> = Vec::new();
+    let mut files: Vec<PendingFile> = Vec::new();
     for l in gone.lists.difference(&live.lists) {
         let size = match file_io.new_input(l)?.metadata().await {
             Ok(m) => m.size,
             Err(_) => 0, // already gone: nothing to count
         };
-        files.push((l.clone(), size, "list".into()));
+        files.push(PendingFile {
+            path: l.clone(),
+            size: size as i64,
+            kind: "list".into(),
+        });
     }
     for (m, size) in &gone.manifests {
         if !live.manifests.contains_key(m) {
-            files.push((m.clone(), *size, "manifest".into()));
+            files.push(PendingFile {
+                path: m.clone(),
+                size: *size as i64,
+                kind: "manifest".into(),
+            });
         }
     }
     for (f, (size, deletes)) in gone.files.iter().chain(gone.removed.iter()) {
         if !live.files.contains_key(f) {
             let kind = if *deletes { "delete" } else { "data" };
-            files.push((f.clone(), *size, kind.into()));
+            files.push(PendingFile {
+                path: f.clone(),
+                size: *size as i64,
+                kind: kind.into(),
+            });
         }
     }
-    files.sort();
-    files.dedup_by(|a, b| a.0 == b.0);
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    files.dedup_by(|a, b| a.path == b.path);
     report.snapshots_expired = ids.len();
     if dry_run {
         delete_dry(&files, report);
@@ -403,7 +457,7 @@ pub async fn expire(
     let path = pending_path(table.location());
     file_io
         .new_output(&path)?
-        .write(Bytes::from(serde_json::to_vec(&record)?))
+        .write(Bytes::from(record.encode()?))
         .await?;
     let committed = catalog
         .commit(
@@ -438,10 +492,10 @@ pub async fn expire(
     Ok(Some(new))
 }
 
-fn delete_dry(files: &[(String, u64, String)], report: &mut TableReport) {
-    for (_, size, kind) in files {
-        report.bytes_deleted += size;
-        match kind.as_str() {
+fn delete_dry(files: &[PendingFile], report: &mut TableReport) {
+    for f in files {
+        report.bytes_deleted += f.size.max(0) as u64;
+        match f.kind.as_str() {
             "list" => report.manifest_lists_deleted += 1,
             "manifest" => report.manifests_deleted += 1,
             "delete" => report.delete_files_deleted += 1,
@@ -562,6 +616,23 @@ pub async fn stats(file_io: &FileIO, table: &TableState) -> Result<TableStats> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cleanup_record_reads_back() {
+        let p = Pending {
+            expired: vec![3, -7],
+            files: vec![PendingFile {
+                path: "s3://b/t/metadata/snap-1.avro".into(),
+                size: 42,
+                kind: "list".into(),
+            }],
+        };
+        let back = Pending::decode(&p.encode().unwrap()).unwrap();
+        assert_eq!(back.expired, p.expired);
+        assert_eq!(back.files[0].path, p.files[0].path);
+        assert_eq!(back.files[0].size, 42);
+        assert!(Pending::decode(b"not avro").is_err());
+    }
 
     #[test]
     fn metadata_versions_of_both_layouts() {
