@@ -51,7 +51,7 @@ fn default_maintenance_interval() -> String {
     "10m".into()
 }
 fn default_expire_threshold() -> usize {
-    100
+    20
 }
 fn default_orphan_older_than() -> String {
     "3d".into()

@@ -212,23 +212,13 @@ async fn run_maintenance(
     faults: &Arc<Faults>,
     opts: &MaintainOptions,
 ) -> Result<MaintenanceReport> {
-    if engine.is_none() {
-        let opened = Engine::open_for_log(
-            rt.flow.clone(),
-            catalog.clone(),
-            faults.clone(),
-            Some(rt.log_ref.clone()),
-        )
-        .await;
-        match opened {
-            Ok(e) => *engine = Some(e),
-            Err(e) => {
-                rt.record_maintenance(&Err(&e), opts.dry_run);
-                return Err(e);
-            }
+    let eng = match opened(rt, engine, catalog, faults).await {
+        Ok(eng) => eng,
+        Err(e) => {
+            rt.record_maintenance(&Err(&e), opts.dry_run);
+            return Err(e);
         }
-    }
-    let eng = engine.as_mut().expect("opened above");
+    };
     let result = eng.maintain(opts).await;
     rt.record_maintenance(&result.as_ref(), opts.dry_run);
     match &result {
@@ -248,6 +238,28 @@ async fn run_maintenance(
         }
     }
     result
+}
+
+/// The flow's engine, opened from the catalog first when there is none
+/// (at start, or after a failure left it behind the catalog).
+async fn opened<'a>(
+    rt: &FlowRuntime,
+    engine: &'a mut Option<Engine>,
+    catalog: &Arc<dyn Catalog>,
+    faults: &Arc<Faults>,
+) -> Result<&'a mut Engine> {
+    if engine.is_none() {
+        *engine = Some(
+            Engine::open_for_log(
+                rt.flow.clone(),
+                catalog.clone(),
+                faults.clone(),
+                Some(rt.log_ref.clone()),
+            )
+            .await?,
+        );
+    }
+    Ok(engine.as_mut().expect("opened above"))
 }
 
 /// The text of a caught panic.
@@ -408,18 +420,7 @@ async fn commit_once(
     faults: &Arc<Faults>,
     window: Duration,
 ) -> Result<Next> {
-    if engine.is_none() {
-        *engine = Some(
-            Engine::open_for_log(
-                rt.flow.clone(),
-                catalog.clone(),
-                faults.clone(),
-                Some(rt.log_ref.clone()),
-            )
-            .await?,
-        );
-    }
-    let eng = engine.as_mut().expect("opened above");
+    let eng = opened(rt, engine, catalog, faults).await?;
     let (batches, last, bytes) = rt.next_run();
     if batches.is_empty() {
         return Ok(Next::Empty);

@@ -39,8 +39,9 @@ const DEFAULT_MERGE_MIN_COUNT: usize = 100;
 const DEFAULT_MANIFEST_TARGET_BYTES: u64 = 8 << 20;
 
 /// What autocdc sets on the tables it creates: old metadata.json files go
-/// after each commit (20 kept), snapshots older than an hour expire.
-pub const CREATED_MAX_AGE_MS: i64 = 3600 * 1000;
+/// after each commit (20 kept), snapshots older than 30 minutes expire (at
+/// a 10 s interval, 180 snapshots: a metadata.json of about 190 KB).
+pub const CREATED_MAX_AGE_MS: i64 = 30 * 60 * 1000;
 pub const CREATED_PREVIOUS_VERSIONS: usize = 20;
 
 /// The pending-cleanup record, next to the table's metadata files: Avro,

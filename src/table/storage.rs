@@ -287,28 +287,12 @@ impl Storage {
 
     /// File names (last path segment) directly or indirectly under `location`.
     pub async fn list(&self, location: &str) -> Result<Vec<String>> {
-        match &self.backend {
-            Backend::Local(store) => {
-                let prefix = Self::local_path(location)?;
-                let metas: Vec<_> = match store.list(Some(&prefix)).try_collect().await {
-                    Ok(m) => m,
-                    Err(object_store::Error::NotFound { .. }) => Vec::new(),
-                    Err(e) => return Err(e.into()),
-                };
-                Ok(metas
-                    .into_iter()
-                    .filter_map(|m| m.location.filename().map(str::to_string))
-                    .collect())
-            }
-            Backend::S3 { op, .. } => {
-                let entries = self.s3_list(op, location).await?;
-                Ok(entries
-                    .into_iter()
-                    .filter(|e| !e.path().ends_with('/'))
-                    .map(|e| e.name().to_string())
-                    .collect())
-            }
-        }
+        Ok(self
+            .list_files(location)
+            .await?
+            .into_iter()
+            .filter_map(|f| f.location.rsplit('/').next().map(str::to_string))
+            .collect())
     }
 
     /// Every file under `location` with its size and modification time,

@@ -87,6 +87,17 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// The Hadoop catalog on a local warehouse folder, as benchmarks use it.
+pub(crate) fn local_catalog(warehouse: &Path) -> Result<Arc<dyn Catalog>> {
+    Ok(Arc::new(HadoopCatalog::new(
+        warehouse
+            .to_str()
+            .ok_or_else(|| Error::Config("non-UTF-8 dir".into()))?,
+        None,
+        Arc::new(Faults::default()),
+    )?))
+}
+
 pub(crate) fn dir_bytes(p: &Path) -> u64 {
     let mut total = 0;
     if let Ok(rd) = std::fs::read_dir(p) {
@@ -147,13 +158,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     }
     drop(all);
 
-    let catalog: Arc<dyn Catalog> = Arc::new(HadoopCatalog::new(
-        warehouse
-            .to_str()
-            .ok_or_else(|| Error::Config("non-UTF-8 dir".into()))?,
-        None,
-        Arc::new(Faults::default()),
-    )?);
+    let catalog = local_catalog(&warehouse)?;
     let kinds: Vec<&str> = args.flows.split(',').map(str::trim).collect();
     let mut rates: Vec<(String, f64)> = Vec::new();
     for kind in &kinds {

@@ -18,10 +18,10 @@ use rand::rngs::StdRng;
 use crate::core::flow::Flow;
 use crate::error::{Error, Result};
 use crate::fault::Faults;
-use crate::table::catalog::{Catalog, hadoop::HadoopCatalog};
+use crate::table::catalog::Catalog;
 use crate::table::engine::{Engine, MaintainOptions};
 use crate::table::maintain;
-use crate::tools::bench::dir_bytes;
+use crate::tools::bench::{dir_bytes, local_catalog};
 use crate::tools::cli::{human_bytes, now_ms};
 use crate::tools::generate;
 
@@ -42,12 +42,12 @@ pub struct BenchLongArgs {
     #[arg(long, default_value_t = 1_000)]
     pub every: usize,
     /// With maintenance on, run it every this many commits (the service
-    /// runs it when 100 snapshots can expire, or every 10 minutes).
-    #[arg(long, default_value_t = 100)]
+    /// runs it when 20 snapshots can expire, or every 10 minutes).
+    #[arg(long, default_value_t = 20)]
     pub maintain_every: usize,
-    /// Snapshots each table keeps with maintenance on: 360 is an hour of
+    /// Snapshots each table keeps with maintenance on: 180 is 30 minutes of
     /// 10 s commits, what `autocdc serve` keeps by default.
-    #[arg(long, default_value_t = 360)]
+    #[arg(long, default_value_t = 180)]
     pub keep_snapshots: u32,
     /// Runs, in order: `on` (autocdc's defaults), `off` (no expiry, no
     /// manifest merging, old metadata kept: how tables aged before).
@@ -211,13 +211,7 @@ async fn run_mode(
     warehouse: &Path,
     scan_timeout: Duration,
 ) -> Result<Vec<Row>> {
-    let catalog: Arc<dyn Catalog> = Arc::new(HadoopCatalog::new(
-        warehouse
-            .to_str()
-            .ok_or_else(|| Error::Config("non-UTF-8 dir".into()))?,
-        None,
-        Arc::new(Faults::default()),
-    )?);
+    let catalog = local_catalog(warehouse)?;
     let flow = flow(args, on)?;
     let mut engine =
         Engine::open(flow.clone(), catalog.clone(), Arc::new(Faults::default())).await?;
