@@ -114,6 +114,9 @@ struct MaintenanceClock {
     last_orphans: Option<tokio::time::Instant>,
     /// The threshold check reads the tables' refs: at most every `THRESHOLD_CHECK`.
     last_check: tokio::time::Instant,
+    /// The last run failed: the threshold does not start another one; the
+    /// next is the timer's (so a failing run is retried once per `interval`).
+    failed: bool,
 }
 
 const THRESHOLD_CHECK: Duration = Duration::from_secs(10);
@@ -124,6 +127,7 @@ impl MaintenanceClock {
             last_run: tokio::time::Instant::now(),
             last_orphans: None,
             last_check: tokio::time::Instant::now(),
+            failed: false,
         }
     }
 }
@@ -157,6 +161,7 @@ async fn maintain_if_due(
     {
         clock.last_check = tokio::time::Instant::now();
         threshold = schedule.expire_threshold > 0
+            && !clock.failed
             && e.expirable_snapshots(now) >= schedule.expire_threshold;
         // The tables' figures for /metrics, at most THRESHOLD_CHECK old.
         let io = catalog.file_io();
@@ -195,6 +200,7 @@ async fn maintain_if_due(
         let result = run_maintenance(rt, engine, catalog, faults, &opts).await;
         if !dry_run {
             clock.last_run = tokio::time::Instant::now();
+            clock.failed = result.is_err();
             if opts.orphans_older_than.is_some() && result.is_ok() {
                 clock.last_orphans = Some(clock.last_run);
             }
