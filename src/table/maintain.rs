@@ -339,13 +339,7 @@ async fn delete_all(
             faults.hit(FaultPoint::MidMaintenanceDeletes)?;
         }
         file_io.delete(&f.path).await?;
-        report.bytes_deleted += f.size.max(0) as u64;
-        match f.kind.as_str() {
-            "list" => report.manifest_lists_deleted += 1,
-            "manifest" => report.manifests_deleted += 1,
-            "delete" => report.delete_files_deleted += 1,
-            _ => report.data_files_deleted += 1,
-        }
+        report.count(f);
     }
     Ok(())
 }
@@ -495,12 +489,19 @@ pub async fn expire(
 
 fn delete_dry(files: &[PendingFile], report: &mut TableReport) {
     for f in files {
-        report.bytes_deleted += f.size.max(0) as u64;
+        report.count(f);
+    }
+}
+
+impl TableReport {
+    /// One file deleted (or, dry, to be): its kind's count and its bytes.
+    fn count(&mut self, f: &PendingFile) {
+        self.bytes_deleted += f.size.max(0) as u64;
         match f.kind.as_str() {
-            "list" => report.manifest_lists_deleted += 1,
-            "manifest" => report.manifests_deleted += 1,
-            "delete" => report.delete_files_deleted += 1,
-            _ => report.data_files_deleted += 1,
+            "list" => self.manifest_lists_deleted += 1,
+            "manifest" => self.manifests_deleted += 1,
+            "delete" => self.delete_files_deleted += 1,
+            _ => self.data_files_deleted += 1,
         }
     }
 }
