@@ -23,6 +23,9 @@ pub enum FaultPoint {
     AfterTargetCommit,
     /// Merged manifests are written; the commit that names them is not made.
     AfterManifestMerge,
+    /// Compaction: the rewritten data files and merged deletes are written;
+    /// nothing is committed.
+    AfterCompactionFiles,
     /// Maintenance: the expiry is committed; no expired file is deleted yet.
     AfterExpireCommit,
     /// Maintenance: half of the expired files are deleted.

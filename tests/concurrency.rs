@@ -119,6 +119,7 @@ async fn foreign_commit(cat: &dyn Catalog, ident: &TableIdent, rows: &RecordBatc
             replace,
             properties: HashMap::from([("engine".to_string(), "maintenance".to_string())]),
             now_ms: 1,
+            rewrite: None,
         },
     )
     .await

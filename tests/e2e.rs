@@ -599,6 +599,7 @@ fn adopted_table(partition_by: &[&str]) {
                 replace: false,
                 properties: Default::default(),
                 now_ms: 1,
+                rewrite: None,
             },
         )
         .await

@@ -74,6 +74,7 @@ async fn run(e: &mut Engine, now_ms: i64) -> MaintenanceReport {
         now_ms,
         dry_run: false,
         orphans_older_than: None,
+        compact: false,
     })
     .await
     .unwrap()
@@ -285,6 +286,7 @@ fn dry_run_reports_and_changes_nothing() {
                 now_ms: at(11),
                 dry_run: true,
                 orphans_older_than: Some(Duration::ZERO),
+                compact: false,
             })
             .await
             .unwrap();
@@ -325,6 +327,7 @@ fn a_run_stopped_anywhere_is_finished_by_the_next() {
                     now_ms: at(19),
                     dry_run: false,
                     orphans_older_than: None,
+                    compact: false,
                 })
                 .await
                 .unwrap_err();
@@ -458,6 +461,7 @@ fn another_writers_tag_and_snapshots_survive_expiry_and_orphan_cleanup() {
                 now_ms: at(11),
                 dry_run: false,
                 orphans_older_than: Some(Duration::from_secs(3 * 86400)),
+                compact: false,
             })
             .await
             .unwrap();

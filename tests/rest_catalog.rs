@@ -54,6 +54,7 @@ fn a_commit_from_a_stale_base_gets_the_servers_conflict() {
                 replace: false,
                 properties: Default::default(),
                 now_ms: 1,
+                rewrite: None,
             },
         )
         .await

@@ -224,6 +224,7 @@ fn maintenance_on_s3_expires_and_cleans_orphans() {
                 now_ms: autocdc::service::now_ms(),
                 dry_run: false,
                 orphans_older_than: Some(std::time::Duration::from_secs(1)),
+                compact: false,
             })
             .await
             .unwrap();

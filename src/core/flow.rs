@@ -68,6 +68,35 @@ pub struct MaintenancePolicy {
     pub scheduled: bool,
 }
 
+/// The flow's compaction settings, validated (`CompactionConfig`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CompactionPolicy {
+    pub enabled: bool,
+    /// None: the table's `write.target-file-size-bytes`, else 128 MiB.
+    pub target_file_size_bytes: Option<u64>,
+    pub min_file_size_ratio: f64,
+    pub delete_ratio: f64,
+    pub min_input_files: usize,
+    pub min_delete_files: usize,
+    pub max_bytes_per_run: u64,
+    pub interval: Duration,
+}
+
+impl Default for CompactionPolicy {
+    fn default() -> Self {
+        CompactionPolicy {
+            enabled: true,
+            target_file_size_bytes: None,
+            min_file_size_ratio: 0.75,
+            delete_ratio: 0.3,
+            min_input_files: 5,
+            min_delete_files: 5,
+            max_bytes_per_run: 256 << 20,
+            interval: Duration::from_secs(600),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum OneOrMany {
@@ -196,7 +225,46 @@ pub struct FlowConfig {
     /// the flow opens (e.g. `commit.manifest.min-count-to-merge`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub table_properties: std::collections::BTreeMap<String, String>,
+    /// Compaction of the target's and the state table's files (`[flows.compaction]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<CompactionConfig>,
 }
+
+/// `[flows.compaction]`: which files a compaction run rewrites, and how
+/// much one run may do. Defaults follow Iceberg Java's `RewriteDataFiles`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompactionConfig {
+    /// Compact on the service's schedule and in `autocdc maintain` (default true).
+    #[serde(default)]
+    pub enabled: Option<bool>,
+    /// Files are written up to about this size (default: the flow's
+    /// `target_file_size_bytes`, else the table's `write.target-file-size-bytes`, else 128 MiB).
+    #[serde(default)]
+    pub target_file_size_bytes: Option<u64>,
+    /// A data file under this share of the target size is small (default 0.75).
+    #[serde(default)]
+    pub min_file_size_ratio: Option<f64>,
+    /// A data file with more than this share of its rows deleted is rewritten (default 0.3).
+    #[serde(default)]
+    pub delete_ratio: Option<f64>,
+    /// A partition's small files are rewritten once it has this many (default 5).
+    #[serde(default)]
+    pub min_input_files: Option<usize>,
+    /// A partition's position-delete files are merged into one once it has this many (default 5).
+    #[serde(default)]
+    pub min_delete_files: Option<usize>,
+    /// The most bytes of data files one run reads (default 256 MiB), so a
+    /// run never holds up commits for long; the rest waits for the next run.
+    #[serde(default)]
+    pub max_bytes_per_run: Option<u64>,
+    /// `autocdc serve` compacts this often (default "10m").
+    #[serde(default)]
+    pub interval: Option<String>,
+}
+
+// The shares are compared as written; a NaN is refused by `Flow::new`.
+impl Eq for CompactionConfig {}
 
 /// At most this many `table_properties`, each key and value at most
 /// `MAX_PROPERTY_BYTES`.
@@ -273,6 +341,7 @@ pub struct Flow {
     pub tombstone_gc: Duration,
     pub commit: CommitPolicy,
     pub maintenance: MaintenancePolicy,
+    pub compaction: CompactionPolicy,
     pub on_tie: TiePolicy,
     pub target_file_size_bytes: u64,
     /// The most bytes of a change's string and binary key values (and, apart,
@@ -358,7 +427,9 @@ impl Flow {
         let tracked = tracked_columns(&config, &target_cols, &key_idx, &seq_idx)?;
         let (tombstone_gc, commit, max_key_bytes) = settings(&config)?;
         let maintenance = maintenance_policy(&config)?;
+        let compaction = compaction_policy(&config)?;
         Ok(Flow {
+            compaction,
             ignore_null_updates: config.ignore_null_updates,
             from_snapshot: config.from_snapshot,
             commit,
@@ -880,6 +951,67 @@ fn maintenance_policy(config: &FlowConfig) -> Result<MaintenancePolicy> {
         min_snapshots_to_keep: config.min_snapshots_to_keep.map(|n| n as usize),
         scheduled: config.maintenance.unwrap_or(true),
     })
+}
+
+fn compaction_policy(config: &FlowConfig) -> Result<CompactionPolicy> {
+    let mut p = CompactionPolicy {
+        target_file_size_bytes: config.target_file_size_bytes,
+        ..CompactionPolicy::default()
+    };
+    let Some(c) = &config.compaction else {
+        return Ok(p);
+    };
+    let bad = |m: String| Error::definition(&config.name, codes::INVALID_DEFINITION, m);
+    let ratio = |name: &str, v: Option<f64>, default: f64| match v {
+        None => Ok(default),
+        Some(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        Some(r) => Err(bad(format!(
+            "compaction.{name} = {r}: a share, from 0 to 1"
+        ))),
+    };
+    p.enabled = c.enabled.unwrap_or(true);
+    if let Some(t) = c.target_file_size_bytes {
+        if t < 1 << 20 {
+            return Err(bad(format!(
+                "compaction.target_file_size_bytes = {t}: at least 1 MiB (1048576)"
+            )));
+        }
+        p.target_file_size_bytes = Some(t);
+    }
+    p.min_file_size_ratio = ratio(
+        "min_file_size_ratio",
+        c.min_file_size_ratio,
+        p.min_file_size_ratio,
+    )?;
+    p.delete_ratio = ratio("delete_ratio", c.delete_ratio, p.delete_ratio)?;
+    for (name, v, slot) in [
+        ("min_input_files", c.min_input_files, &mut p.min_input_files),
+        (
+            "min_delete_files",
+            c.min_delete_files,
+            &mut p.min_delete_files,
+        ),
+    ] {
+        match v {
+            Some(n) if !(1..=100_000).contains(&n) => {
+                return Err(bad(format!("compaction.{name} = {n}: from 1 to 100000")));
+            }
+            Some(n) => *slot = n,
+            None => {}
+        }
+    }
+    if let Some(b) = c.max_bytes_per_run {
+        if b < 1 << 20 {
+            return Err(bad(format!(
+                "compaction.max_bytes_per_run = {b}: at least 1 MiB (1048576)"
+            )));
+        }
+        p.max_bytes_per_run = b;
+    }
+    if let Some(text) = &c.interval {
+        p.interval = parse_duration("compaction.interval", text).map_err(bad)?;
+    }
+    Ok(p)
 }
 
 /// Parses one `partition_by` entry: `col` (identity), Iceberg's notation

@@ -187,6 +187,27 @@ impl History {
         self.dirty.push(key);
     }
 
+    /// Moves target rows: every event whose `loc` `to` maps elsewhere takes
+    /// the new location, and its key is marked dirty (a compaction rewrote
+    /// the row's file). Returns how many moved.
+    pub fn relocate(&mut self, mut to: impl FnMut(Loc) -> Option<Loc>) -> usize {
+        let mut moved = 0;
+        for (key, events) in self.keys.iter_mut() {
+            let mut changed = false;
+            for e in events.iter_mut() {
+                if let Some(new) = e.loc.and_then(&mut to).filter(|n| Some(*n) != e.loc) {
+                    e.loc = Some(new);
+                    changed = true;
+                    moved += 1;
+                }
+            }
+            if changed {
+                self.dirty.push(key.clone());
+            }
+        }
+        moved
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[Event])> + '_ {
         self.keys.iter().map(|(k, e)| (&**k, e.as_slice()))
     }

@@ -515,6 +515,33 @@ impl KeyIndex {
         }
     }
 
+    /// Moves live rows: every located entry for which `to` gives a new
+    /// location takes it and is marked dirty (a compaction rewrote its file).
+    /// Returns how many moved.
+    pub fn relocate(&mut self, mut to: impl FnMut(Loc) -> Option<Loc>) -> usize {
+        let mut moved = 0;
+        for i in 0..self.slots.len as u32 {
+            let s = self.slots.get_mut(i);
+            if s.flags & (F_HAS_LOC | F_TOMBSTONE) != F_HAS_LOC {
+                continue;
+            }
+            let loc = Loc {
+                file: (s.payload >> 32) as u32,
+                pos: s.payload as u32,
+            };
+            let Some(new) = to(loc).filter(|n| *n != loc) else {
+                continue;
+            };
+            s.payload = ((new.file as u64) << 32) | new.pos as u64;
+            moved += 1;
+            if s.flags & F_DIRTY == 0 {
+                s.flags |= F_DIRTY;
+                self.dirty.push(i);
+            }
+        }
+        moved
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = EntryRef<'_>> + '_ {
         self.slots
             .iter()

@@ -196,6 +196,7 @@ async fn maintain_if_due(
             now_ms: now_ms(),
             dry_run,
             orphans_older_than: schedule.orphans_older_than.filter(|_| orphans),
+            compact: true,
         };
         let result = run_maintenance(rt, engine, catalog, faults, &opts).await;
         if !dry_run {

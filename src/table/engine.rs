@@ -32,9 +32,10 @@ use crate::core::truncate;
 use crate::error::{Error, Result, codes};
 use crate::fault::{FaultPoint, Faults};
 use crate::table::catalog::{Catalog, TableState};
+use crate::table::compact::{self, CompactionReport};
 use crate::table::flow_state::{FlowState, Plan};
 use crate::table::maintain::{self, Retention, TableReport, TableStats};
-use crate::table::row_delta::{self, RowDelta};
+use crate::table::row_delta::{self, Rewrite, RowDelta};
 use crate::table::state_table;
 use crate::table::write::{self, FileNamer, Partitioner};
 
@@ -242,6 +243,8 @@ pub struct MaintainOptions {
     pub dry_run: bool,
     /// Also delete unreferenced files older than this (None: skip).
     pub orphans_older_than: Option<std::time::Duration>,
+    /// Compact first, when the flow's compaction is enabled.
+    pub compact: bool,
 }
 
 /// One maintenance run of a flow: what was done to each table and the
@@ -254,6 +257,9 @@ pub struct MaintenanceReport {
     pub state: TableReport,
     pub target_stats: TableStats,
     pub state_stats: TableStats,
+    /// The compaction this run made (None: not asked or disabled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<CompactionReport>,
     pub elapsed_ms: f64,
 }
 
@@ -670,6 +676,9 @@ impl Engine {
             maintain::resume(&io, &self.target, &mut report.target).await?;
             maintain::resume(&io, &self.state_tbl, &mut report.state).await?;
         }
+        if opts.compact && self.flow.compaction.enabled {
+            report.compaction = Some(self.compact(opts.now_ms, opts.dry_run).await?);
+        }
         let policy = self.flow.maintenance;
         let meta = self.target.metadata.clone();
         let protect = our_latest_id(&meta, &self.flow.name).into_iter().collect();
@@ -736,6 +745,187 @@ impl Engine {
         }
         report.target_stats = maintain::stats(&io, &self.target).await?;
         report.state_stats = maintain::stats(&io, &self.state_tbl).await?;
+        report.elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+        Ok(report)
+    }
+
+    /// The compaction phase (`table::compact`): rewrite the target's small
+    /// and delete-heavy data files with their deletes applied, drop or merge
+    /// the delete files that go with them, move the state's row locations
+    /// with the rows and commit like a batch: the state table (whole, when
+    /// its own files are many), then the target as one `replace` snapshot
+    /// naming it. A commit another writer beat is abandoned (the engine is
+    /// reopened) and left for the next run. Runs between commits only.
+    pub async fn compact(&mut self, now_ms: i64, dry_run: bool) -> Result<CompactionReport> {
+        let started = std::time::Instant::now();
+        let mut report = CompactionReport::default();
+        let policy = self.flow.compaction;
+        let io = self.catalog.file_io().clone();
+        let meta = self.target.metadata.clone();
+        let target = compact::target_file_size(&meta, &policy);
+        let Some(inv) = compact::inventory(&io, &self.target).await? else {
+            report.skipped = Some("the target has no snapshot yet".into());
+            return Ok(report);
+        };
+        let pd = compact::read_position_deletes(&io, &inv).await?;
+        let sel = compact::select(&inv, &pd, &policy, target, meta.default_partition_spec_id());
+        let state_files = match self.state_tbl.metadata.current_snapshot() {
+            Some(s) => s
+                .summary()
+                .additional_properties
+                .get("total-data-files")
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0),
+            None => 0,
+        };
+        let state_whole = state_files >= policy.min_input_files.max(2);
+        report.data_files_rewritten = sel.rewrite.len();
+        report.data_files_dropped = sel.drop_data.len();
+        report.delete_files_removed = sel.drop_pos.len()
+            + sel.drop_eq.len()
+            + sel.merge_pos.iter().map(Vec::len).sum::<usize>();
+        report.equality_delete_files_removed = sel.drop_eq.len();
+        report.bytes_read = sel.bytes;
+        if state_whole {
+            report.state_files_rewritten = state_files;
+        }
+        if sel.is_empty() && !state_whole {
+            report.skipped = Some("nothing to compact".into());
+            report.elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+            return Ok(report);
+        }
+        if dry_run {
+            report.elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+            return Ok(report);
+        }
+        if self.poisoned {
+            return Err(Error::State {
+                code: codes::REOPEN,
+                message: format!(
+                    "flow `{}`: a previous commit failed; reopen the flow",
+                    self.flow.name
+                ),
+            });
+        }
+        self.poisoned = true;
+        let schema = meta.current_schema().clone();
+        let spec_id = meta.default_partition_spec_id();
+        let mut namer = FileNamer::new(meta.location());
+        let done = compact::rewrite(
+            &io,
+            &inv,
+            &pd,
+            &sel,
+            schema,
+            spec_id,
+            self.partitioner.as_deref(),
+            &mut namer,
+            target,
+        )
+        .await?;
+        self.faults.hit(FaultPoint::AfterCompactionFiles)?;
+        report.data_files_written = done.data.len();
+        report.delete_files_written = done.deletes.len();
+        report.bytes_read = done.bytes_read + pd.bytes_read;
+        report.bytes_written = done
+            .data
+            .iter()
+            .chain(&done.deletes)
+            .map(|f| f.file_size_in_bytes())
+            .sum();
+        report.rows_moved = done.rows_moved;
+        report.rows_dropped = done.rows_dropped;
+
+        // The state follows the rows.
+        let new_ids: Vec<u32> = done
+            .data
+            .iter()
+            .map(|f| self.state.files_mut().intern(f.file_path()))
+            .collect();
+        let mut moves: HashMap<u32, compact::Moves> = HashMap::new();
+        for (path, to) in done.moves {
+            let id = self.state.files_mut().intern(&path);
+            moves.insert(id, to);
+        }
+        self.state.relocate(|loc| {
+            let (f, pos) = (*moves.get(&loc.file)?.get(loc.pos as usize)?)?;
+            Some(Loc {
+                file: new_ids[f as usize],
+                pos,
+            })
+        });
+        // A position in a removed file no longer locates anything.
+        self.state
+            .files_mut()
+            .mark_gone(|p| !done.removed.contains(p));
+        let generation = self.generation + 1;
+        let whole = state_whole || self.state.needs_compaction(self.state_log_rows);
+        let delta = self
+            .state
+            .delta(&self.flow, &self.codec, generation, whole)?;
+        let mut file_ms = 0.0;
+        let committed = match self
+            .commit_state(delta, generation, whole, now_ms, &mut file_ms)
+            .await
+        {
+            Ok(state) => {
+                let partitions: Vec<(String, (i32, Struct))> = done
+                    .data
+                    .iter()
+                    .map(|f| (f.file_path().to_string(), (spec_id, f.partition().clone())))
+                    .collect();
+                let offsets = self.offsets.clone();
+                let input_offset = self.input_offset;
+                let floor = self.floor.clone();
+                let removed = done.removed.clone();
+                match self
+                    .commit_target(
+                        done.data,
+                        done.deletes,
+                        &state,
+                        &offsets,
+                        floor.as_deref(),
+                        None,
+                        input_offset,
+                        now_ms,
+                        Some(Rewrite {
+                            removed: removed.clone(),
+                            data_sequence: inv.snapshot_seq,
+                        }),
+                    )
+                    .await
+                {
+                    Ok((target, _)) => {
+                        self.publish(target, state, offsets, partitions, None, None, input_offset);
+                        if let Some(map) = &mut self.file_partitions {
+                            map.retain(|p, _| !removed.contains(p));
+                        }
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        match committed {
+            Ok(()) => {}
+            Err(Failure::AtCommit { error, .. }) => {
+                // Another writer committed first: nothing of ours is in the
+                // target. Reload everything and leave the work for the next run.
+                let fresh = Engine::open_for_log(
+                    self.flow.clone(),
+                    self.catalog.clone(),
+                    self.faults.clone(),
+                    self.log.clone(),
+                )
+                .await?;
+                *self = fresh;
+                report.skipped = Some(format!(
+                    "abandoned, another writer committed first: {error}"
+                ));
+            }
+            Err(Failure::Other(e)) => return Err(e),
+        }
         report.elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
         Ok(report)
     }
@@ -960,6 +1150,7 @@ impl Engine {
                 planned.snapshot_version,
                 input_offset,
                 now_ms,
+                None,
             )
             .await?;
         report.timings.commits_ms = ms_since(&mut clock);
@@ -1181,6 +1372,28 @@ impl Engine {
             .state
             .delta(&self.flow, &self.codec, generation, compacted)?;
         report.timings.state_apply_ms = ms_since(clock);
+        let mut file_ms = 0.0;
+        let state = self
+            .commit_state(delta, generation, compacted, now_ms, &mut file_ms)
+            .await?;
+        // The state commit counts with the target's (`commits_ms`).
+        report.timings.state_file_ms = file_ms;
+        *clock += std::time::Duration::from_secs_f64(file_ms / 1e3);
+        Ok(state)
+    }
+
+    /// Writes the state table's rows for a commit (the changed entries, or
+    /// all of them when `whole`) and commits them.
+    async fn commit_state(
+        &mut self,
+        delta: RecordBatch,
+        generation: i64,
+        whole: bool,
+        now_ms: i64,
+        file_ms: &mut f64,
+    ) -> std::result::Result<StateCommit, Failure> {
+        let compacted = whole;
+        let started = std::time::Instant::now();
         let file_io = self.catalog.file_io().clone();
         let smeta = self.state_tbl.metadata.clone();
         let delta = RecordBatch::try_new(
@@ -1197,7 +1410,7 @@ impl Engine {
         )
         .await?;
         self.faults.hit(FaultPoint::AfterStateFile)?;
-        report.timings.state_file_ms = ms_since(clock);
+        *file_ms = started.elapsed().as_secs_f64() * 1e3;
         let produced = row_delta::produce(
             &file_io,
             &self.state_tbl,
@@ -1211,6 +1424,7 @@ impl Engine {
                     (PROP_GENERATION.to_string(), generation.to_string()),
                 ]),
                 now_ms,
+                rewrite: None,
             },
         )
         .await?;
@@ -1258,6 +1472,7 @@ impl Engine {
         snapshot_version: Option<i64>,
         input_offset: i64,
         now_ms: i64,
+        rewrite: Option<Rewrite>,
     ) -> std::result::Result<(TableState, i64), Failure> {
         let mut properties = HashMap::from([
             (PROP_FLOW.to_string(), self.flow.name.clone()),
@@ -1294,6 +1509,7 @@ impl Engine {
                 replace: false,
                 properties,
                 now_ms,
+                rewrite,
             },
         )
         .await?;

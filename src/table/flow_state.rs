@@ -136,6 +136,15 @@ impl FlowState {
         }
     }
 
+    /// Moves the state's row locations (a compaction rewrote their files);
+    /// returns how many rows moved. The moved entries are dirty.
+    pub fn relocate(&mut self, to: impl FnMut(Loc) -> Option<Loc>) -> usize {
+        match self {
+            FlowState::Keys(index) => index.relocate(to),
+            FlowState::History { events, .. } => events.relocate(to),
+        }
+    }
+
     pub fn sizes(&self) -> Sizes {
         match self {
             FlowState::Keys(index) => Sizes {

@@ -4,6 +4,7 @@
 //! that keeps the tables bounded.
 
 pub mod catalog;
+pub mod compact;
 pub mod engine;
 pub mod flow_state;
 pub mod maintain;

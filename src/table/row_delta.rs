@@ -3,13 +3,13 @@
 //! snapshot, with a correct summary and inherited sequence numbers.
 //! iceberg-rust 0.10 keeps its own producer private and has no row delta.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use iceberg::io::FileIO;
 use iceberg::spec::{
-    DataFile, MAIN_BRANCH, ManifestContentType, ManifestFile, ManifestListWriter, ManifestStatus,
-    ManifestWriterBuilder, Operation, Snapshot, SnapshotReference, SnapshotRetention,
-    SnapshotSummaryCollector, Summary,
+    DataContentType, DataFile, MAIN_BRANCH, ManifestContentType, ManifestFile, ManifestListWriter,
+    ManifestStatus, ManifestWriterBuilder, Operation, Snapshot, SnapshotReference,
+    SnapshotRetention, SnapshotSummaryCollector, Summary,
 };
 use iceberg::{TableRequirement, TableUpdate};
 use uuid::Uuid;
@@ -38,6 +38,19 @@ pub struct RowDelta {
     pub replace: bool,
     pub properties: HashMap<String, String>,
     pub now_ms: i64,
+    /// A compaction: files of the base that go, and the data sequence number
+    /// the added files keep (None: an ordinary row delta).
+    pub rewrite: Option<Rewrite>,
+}
+
+/// What a `replace` snapshot (a compaction) removes, and the data sequence
+/// number its new files carry: the one of the snapshot the rewrite started
+/// from (Iceberg's `use-starting-sequence-number`), so an equality delete
+/// committed after that snapshot still applies to the rewritten rows.
+#[derive(Debug, Clone, Default)]
+pub struct Rewrite {
+    pub removed: HashSet<String>,
+    pub data_sequence: i64,
 }
 
 const TOTALS: [(&str, &str); 6] = [
@@ -64,6 +77,7 @@ fn new_snapshot_id(table: &TableState) -> i64 {
 fn summary_properties(
     mut props: HashMap<String, String>,
     added: HashMap<String, String>,
+    removed: &Removed,
     prev: Option<&HashMap<String, String>>,
     replace: bool,
 ) -> HashMap<String, String> {
@@ -73,9 +87,22 @@ fn summary_properties(
         m.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
     };
     props.extend(added.clone());
+    let gone = removed.figures();
     for (total, add) in TOTALS {
         let before = if replace { 0 } else { num(prev_props, total) };
-        props.insert(total.to_string(), (before + num(&added, add)).to_string());
+        let minus = gone
+            .iter()
+            .find(|(k, _)| *k == total)
+            .map_or(0, |(_, v)| *v);
+        props.insert(
+            total.to_string(),
+            (before + num(&added, add))
+                .saturating_sub(minus)
+                .to_string(),
+        );
+    }
+    for (name, v) in removed.summary() {
+        props.insert(name.to_string(), v.to_string());
     }
     if replace && prev.is_some() {
         props.insert(
@@ -88,6 +115,65 @@ fn summary_properties(
         );
     }
     props
+}
+
+/// The files a rewrite took out of the base, for the summary.
+#[derive(Default)]
+struct Removed {
+    data_files: u64,
+    records: u64,
+    bytes: u64,
+    delete_files: u64,
+    position_deletes: u64,
+    equality_deletes: u64,
+}
+
+impl Removed {
+    fn add(&mut self, f: &DataFile) {
+        let n = f.record_count();
+        self.bytes += f.file_size_in_bytes();
+        match f.content_type() {
+            DataContentType::Data => {
+                self.data_files += 1;
+                self.records += n;
+            }
+            DataContentType::PositionDeletes => {
+                self.delete_files += 1;
+                self.position_deletes += n;
+            }
+            DataContentType::EqualityDeletes => {
+                self.delete_files += 1;
+                self.equality_deletes += n;
+            }
+        }
+    }
+
+    /// How much each total drops.
+    fn figures(&self) -> [(&'static str, u64); 6] {
+        [
+            ("total-records", self.records),
+            ("total-files-size", self.bytes),
+            ("total-data-files", self.data_files),
+            ("total-delete-files", self.delete_files),
+            ("total-position-deletes", self.position_deletes),
+            ("total-equality-deletes", self.equality_deletes),
+        ]
+    }
+
+    /// Iceberg Java's removed-* / deleted-* summary fields (those not zero).
+    fn summary(&self) -> Vec<(&'static str, u64)> {
+        [
+            ("deleted-data-files", self.data_files),
+            ("deleted-records", self.records),
+            ("removed-files-size", self.bytes),
+            ("removed-delete-files", self.delete_files),
+            ("removed-position-deletes", self.position_deletes),
+            ("removed-equality-deletes", self.equality_deletes),
+        ]
+        .into_iter()
+        .filter(|(_, v)| *v > 0)
+        .collect()
+    }
 }
 
 pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> Result<Produced> {
@@ -119,17 +205,45 @@ pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> R
         } else {
             builder.build_v2_data()
         };
+        // -1: the entry inherits this snapshot's sequence number; a
+        // rewrite's files keep the starting snapshot's.
+        let data_seq = delta.rewrite.as_ref().map_or(-1, |r| r.data_sequence);
         for f in files {
             summary.add_file(f, schema.clone(), spec.clone());
-            // -1: the entry inherits this snapshot's sequence number.
-            w.add_file(f.clone(), -1)?;
+            w.add_file(f.clone(), data_seq)?;
         }
         manifests.push(w.write_manifest_file().await?);
     }
+    let mut removed = Removed::default();
     if let (Some(b), false) = (&base, delta.replace) {
         let t = table.table(file_io)?;
         let list = t.manifest_list_reader(b).load().await?;
-        manifests.extend(list.consume_entries());
+        match &delta.rewrite {
+            Some(r) if !r.removed.is_empty() => {
+                let mut n = 200;
+                let base: Vec<ManifestFile> = list.consume_entries().into_iter().collect();
+                for m in base {
+                    match drop_entries(
+                        file_io,
+                        meta,
+                        snapshot_id,
+                        &m,
+                        &r.removed,
+                        &mut removed,
+                        || {
+                            n += 1;
+                            manifest_path(n)
+                        },
+                    )
+                    .await?
+                    {
+                        Some(rewritten) => manifests.extend(rewritten),
+                        None => manifests.push(m),
+                    }
+                }
+            }
+            _ => manifests.extend(list.consume_entries()),
+        }
     }
     let (manifests, merged) = merge_manifests(
         file_io,
@@ -143,14 +257,22 @@ pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> R
     let manifest_count = manifests.len();
 
     let prev = base.as_ref().map(|b| &b.summary().additional_properties);
-    let props = summary_properties(delta.properties, summary.build(), prev, delta.replace);
+    let props = summary_properties(
+        delta.properties,
+        summary.build(),
+        &removed,
+        prev,
+        delta.replace,
+    );
     let operation = match (
+        delta.rewrite.is_some(),
         delta.data.is_empty(),
         delta.deletes.is_empty() && !delta.replace,
     ) {
-        (_, false) => Operation::Overwrite,
-        (false, true) => Operation::Append,
-        (true, true) => Operation::Append,
+        (true, _, _) => Operation::Replace,
+        (_, _, false) => Operation::Overwrite,
+        (_, false, true) => Operation::Append,
+        (_, true, true) => Operation::Append,
     };
 
     let list_path = format!(
@@ -200,6 +322,75 @@ pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> R
             },
         ],
     })
+}
+
+/// A base manifest naming any of `removed` is rewritten: those entries
+/// become DELETED by this snapshot (keeping their sequence numbers), the
+/// others EXISTING, DELETED entries of earlier snapshots drop. None: the
+/// manifest names none of them and is kept as it is. Returns no manifest
+/// when nothing of it stays live.
+async fn drop_entries(
+    file_io: &FileIO,
+    meta: &iceberg::spec::TableMetadata,
+    snapshot_id: i64,
+    m: &ManifestFile,
+    removed: &HashSet<String>,
+    tally: &mut Removed,
+    path: impl FnOnce() -> String,
+) -> Result<Option<Vec<ManifestFile>>> {
+    let manifest = m.load_manifest(file_io).await?;
+    let hit = manifest
+        .entries()
+        .iter()
+        .any(|e| e.is_alive() && removed.contains(e.data_file().file_path()));
+    if !hit {
+        return Ok(None);
+    }
+    let Some(spec) = meta.partition_spec_by_id(m.partition_spec_id) else {
+        return Err(crate::error::Error::State {
+            code: crate::error::codes::STATE_SCHEMA,
+            message: format!(
+                "manifest {} names partition spec {}, which the table does not have",
+                m.manifest_path, m.partition_spec_id
+            ),
+        });
+    };
+    let builder = ManifestWriterBuilder::new(
+        file_io.new_output(path())?,
+        Some(snapshot_id),
+        meta.current_schema().clone(),
+        (**spec).clone(),
+    );
+    let mut w = if m.content == ManifestContentType::Deletes {
+        builder.build_v2_deletes()
+    } else {
+        builder.build_v2_data()
+    };
+    let mut live = 0;
+    for e in manifest.entries() {
+        if !e.is_alive() {
+            continue;
+        }
+        let file = e.data_file().clone();
+        let seq = e.sequence_number().unwrap_or(0);
+        let file_seq = Some(e.file_sequence_number.unwrap_or(seq));
+        if removed.contains(file.file_path()) {
+            tally.add(&file);
+            w.add_delete_file(file, seq, file_seq)?;
+        } else {
+            live += 1;
+            w.add_existing_file(file, e.snapshot_id().unwrap_or(snapshot_id), seq, file_seq)?;
+        }
+    }
+    let written = w.write_manifest_file().await?;
+    Ok(Some(if live == 0 {
+        // Nothing stays: the DELETED entries need no manifest of their own
+        // (a reader of this snapshot sees the files gone either way).
+        file_io.delete(&written.manifest_path).await?;
+        Vec::new()
+    } else {
+        vec![written]
+    }))
 }
 
 /// Iceberg Java's `ManifestMergeManager`: data and delete manifests are
@@ -264,7 +455,10 @@ async fn merge_manifests(
                     let ours = e.snapshot_id() == Some(snapshot_id);
                     match (e.status(), ours) {
                         (ManifestStatus::Deleted, _) => {}
-                        (ManifestStatus::Added, true) => w.add_file(file, -1)?,
+                        // A rewrite's new files keep their explicit data sequence number.
+                        (ManifestStatus::Added, true) => {
+                            w.add_file(file, e.sequence_number().filter(|s| *s >= 0).unwrap_or(-1))?
+                        }
                         _ => {
                             let seq = e.sequence_number().unwrap_or(0);
                             w.add_existing_file(

@@ -277,6 +277,7 @@ async fn run_mode(
                     now_ms: now_ms(),
                     dry_run: false,
                     orphans_older_than: None,
+                    compact: true,
                 })
                 .await?;
         }

@@ -413,6 +413,7 @@ async fn maintain(
                 now_ms: now_ms(),
                 dry_run,
                 orphans_older_than,
+                compact: true,
             })
             .await?;
         if json {
