@@ -1206,6 +1206,11 @@ fn the_maintain_endpoint_runs_between_commits_and_reports() {
     let mut cfg = flow_cfg("c", "1h");
     cfg.snapshot_max_age = Some("1ms".into());
     cfg.min_snapshots_to_keep = Some(1);
+    // Expiry alone here (compaction has its own test below).
+    cfg.compaction = Some(autocdc::core::flow::CompactionConfig {
+        enabled: Some(false),
+        ..Default::default()
+    });
     rt().block_on(async {
         let r = start(config(tmp.path(), vec![cfg])).await;
         let c = reqwest::Client::new();
@@ -1272,5 +1277,102 @@ fn the_maintain_endpoint_runs_between_commits_and_reports() {
         assert_eq!(resp.status().as_u16(), 404);
         r.stop().await.unwrap();
         assert_eq!(table(tmp.path(), "c").await, expected(&all));
+    });
+}
+
+/// Compaction in the service: on the flow's `compaction.interval` between
+/// commits (with nobody asking), and when asked through `/maintain`; the
+/// status and `/metrics` count it and the table stays right.
+#[test]
+fn serve_compacts_on_the_flows_interval_and_when_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = flow_cfg("k", "100ms");
+    cfg.compaction = Some(autocdc::core::flow::CompactionConfig {
+        min_input_files: Some(2),
+        interval: Some("1s".into()),
+        ..Default::default()
+    });
+    rt().block_on(async {
+        let r = start(config(tmp.path(), vec![cfg])).await;
+        let c = reqwest::Client::new();
+        let mut all = Vec::new();
+        for i in 0..4 {
+            let evs = [u(i, "Leeds", 10 + i), u(100, "York", 10 + i)];
+            all.extend(evs);
+            let (st, _) = post(
+                &c,
+                &url(&r, "/v1/flows/k/changes?wait=commit"),
+                "application/x-ndjson",
+                ndjson(&evs),
+                None,
+            )
+            .await;
+            assert_eq!(st, 200);
+        }
+        // The scheduled run: within a few intervals.
+        let mut compactions = 0;
+        for _ in 0..100 {
+            let status = flow_status(&c, &r, "k").await;
+            compactions = status["status"]["maintenance"]["compactions"]
+                .as_u64()
+                .unwrap();
+            if compactions > 0 {
+                let m = &status["status"]["maintenance"];
+                assert!(
+                    m["compaction_files_rewritten_total"].as_u64().unwrap() >= 4,
+                    "{status}"
+                );
+                assert!(
+                    m["compaction_rows_moved_total"].as_u64().unwrap() >= 5,
+                    "{status}"
+                );
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(compactions, 1, "no scheduled compaction");
+        // Asked for: more commits, then the endpoint compacts them now.
+        for i in 4..7 {
+            let evs = [u(i, "Bath", 10 + i), u(100, "Ely", 10 + i)];
+            all.extend(evs);
+            let (st, _) = post(
+                &c,
+                &url(&r, "/v1/flows/k/changes?wait=commit"),
+                "application/x-ndjson",
+                ndjson(&evs),
+                None,
+            )
+            .await;
+            assert_eq!(st, 200);
+        }
+        let resp = c
+            .post(url(&r, "/v1/flows/k/maintain"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        let report: Value = resp.json().await.unwrap();
+        let comp = &report["compaction"];
+        assert!(
+            comp["data_files_rewritten"].as_u64().unwrap() >= 2,
+            "{report}"
+        );
+        assert_eq!(comp["data_files_written"], 1, "{report}");
+        assert_eq!(report["target_stats"]["data_files"], 1, "{report}");
+        assert_eq!(report["target_stats"]["delete_files"], 0, "{report}");
+        let metrics = c
+            .get(url(&r, "/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains("autocdc_compactions_total{flow=\"k\"} 2"),
+            "{metrics}"
+        );
+        r.stop().await.unwrap();
+        assert_eq!(table(tmp.path(), "k").await, expected(&all));
     });
 }

@@ -225,12 +225,12 @@ pub struct FlowConfig {
     /// the flow opens (e.g. `commit.manifest.min-count-to-merge`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub table_properties: std::collections::BTreeMap<String, String>,
-    /// Compaction of the target's and the state table's files (`[flows.compaction]`).
+    /// Compaction of the target's and the state table's files (`[flow.compaction]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<CompactionConfig>,
 }
 
-/// `[flows.compaction]`: which files a compaction run rewrites, and how
+/// `[flow.compaction]`: which files a compaction run rewrites, and how
 /// much one run may do. Defaults follow Iceberg Java's `RewriteDataFiles`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -117,6 +117,8 @@ struct MaintenanceClock {
     /// The last run failed: the threshold does not start another one; the
     /// next is the timer's (so a failing run is retried once per `interval`).
     failed: bool,
+    /// When this flow last compacted (its own `compaction.interval`).
+    last_compaction: tokio::time::Instant,
 }
 
 const THRESHOLD_CHECK: Duration = Duration::from_secs(10);
@@ -128,6 +130,7 @@ impl MaintenanceClock {
             last_orphans: None,
             last_check: tokio::time::Instant::now(),
             failed: false,
+            last_compaction: tokio::time::Instant::now(),
         }
     }
 }
@@ -174,7 +177,10 @@ async fn maintain_if_due(
             inner.status.maintenance.state = st;
         }
     }
-    let scheduled = rt.flow.maintenance.scheduled && (timer || threshold);
+    let compact_due = rt.flow.compaction.enabled
+        && !clock.failed
+        && clock.last_compaction.elapsed() >= rt.flow.compaction.interval;
+    let scheduled = rt.flow.maintenance.scheduled && (timer || threshold || compact_due);
     if asked.is_empty() && !scheduled {
         return;
     }
@@ -196,11 +202,15 @@ async fn maintain_if_due(
             now_ms: now_ms(),
             dry_run,
             orphans_older_than: schedule.orphans_older_than.filter(|_| orphans),
-            compact: true,
+            // Asked-for runs compact; scheduled ones on the flow's interval.
+            compact: request.is_some() || compact_due,
         };
         let result = run_maintenance(rt, engine, catalog, faults, &opts).await;
         if !dry_run {
             clock.last_run = tokio::time::Instant::now();
+            if opts.compact {
+                clock.last_compaction = clock.last_run;
+            }
             clock.failed = result.is_err();
             if opts.orphans_older_than.is_some() && result.is_ok() {
                 clock.last_orphans = Some(clock.last_run);
@@ -233,6 +243,8 @@ async fn run_maintenance(
             flow = %rt.flow.name,
             dry_run = opts.dry_run,
             snapshots_expired = report.target.snapshots_expired + report.state.snapshots_expired,
+            files_compacted = report.compaction.as_ref().map_or(0, |c| c.data_files_rewritten + c.data_files_dropped + c.delete_files_removed),
+            rows_moved = report.compaction.as_ref().map_or(0, |c| c.rows_moved),
             files_deleted = report.files_deleted(),
             bytes_deleted = report.target.bytes_deleted + report.state.bytes_deleted,
             elapsed_ms = report.elapsed_ms as u64,
@@ -319,6 +331,16 @@ impl FlowRuntime {
                     (r.target.snapshots_expired + r.state.snapshots_expired) as u64;
                 m.files_deleted_total += r.files_deleted() as u64;
                 m.bytes_deleted_total += r.target.bytes_deleted + r.state.bytes_deleted;
+                if let Some(c) = r.compaction.as_ref().filter(|c| c.skipped.is_none()) {
+                    m.compactions += 1;
+                    m.compaction_files_rewritten_total +=
+                        (c.data_files_rewritten + c.data_files_dropped + c.delete_files_removed)
+                            as u64;
+                    m.compaction_bytes_read_total += c.bytes_read;
+                    m.compaction_bytes_written_total += c.bytes_written;
+                    m.compaction_rows_moved_total += c.rows_moved;
+                    m.compaction_seconds_total += c.elapsed_ms / 1e3;
+                }
                 m.last_report = Some((*r).clone());
             }
             Err(e) => {

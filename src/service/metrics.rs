@@ -10,7 +10,7 @@ pub fn render(service: &Service) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     type Metric = (&'static str, &'static str, fn(&FlowStatus) -> f64);
-    let counters: [Metric; 30] = [
+    let counters: [Metric; 36] = [
         ("autocdc_rows_in_total", "counter", |s| {
             s.counters.rows_in as f64
         }),
@@ -89,6 +89,24 @@ pub fn render(service: &Service) -> String {
         }),
         ("autocdc_maintenance_bytes_deleted_total", "counter", |s| {
             s.maintenance.bytes_deleted_total as f64
+        }),
+        ("autocdc_compactions_total", "counter", |s| {
+            s.maintenance.compactions as f64
+        }),
+        ("autocdc_compaction_files_rewritten_total", "counter", |s| {
+            s.maintenance.compaction_files_rewritten_total as f64
+        }),
+        ("autocdc_compaction_bytes_read_total", "counter", |s| {
+            s.maintenance.compaction_bytes_read_total as f64
+        }),
+        ("autocdc_compaction_bytes_written_total", "counter", |s| {
+            s.maintenance.compaction_bytes_written_total as f64
+        }),
+        ("autocdc_compaction_rows_moved_total", "counter", |s| {
+            s.maintenance.compaction_rows_moved_total as f64
+        }),
+        ("autocdc_compaction_seconds_total", "counter", |s| {
+            s.maintenance.compaction_seconds_total
         }),
     ];
     let flows = service.flows();

@@ -103,6 +103,14 @@ pub struct MaintenanceStatus {
     pub snapshots_expired_total: u64,
     pub files_deleted_total: u64,
     pub bytes_deleted_total: u64,
+    /// Compactions that committed, and what they did in all.
+    pub compactions: u64,
+    /// Data and delete files compaction took out of the target.
+    pub compaction_files_rewritten_total: u64,
+    pub compaction_bytes_read_total: u64,
+    pub compaction_bytes_written_total: u64,
+    pub compaction_rows_moved_total: u64,
+    pub compaction_seconds_total: f64,
     /// The target's and the state table's figures after the last commit or run.
     pub target: crate::table::maintain::TableStats,
     pub state: crate::table::maintain::TableStats,

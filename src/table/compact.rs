@@ -676,3 +676,179 @@ pub struct CompactionReport {
     pub skipped: Option<String>,
     pub elapsed_ms: f64,
 }
+
+#[cfg(test)]
+mod tests {
+    use iceberg::spec::{DataFileBuilder, DataFileFormat, Literal};
+
+    use super::*;
+
+    fn file(path: &str, content: DataContentType, size: u64, records: u64, part: i64) -> DataFile {
+        let mut b = DataFileBuilder::default();
+        b.content(content)
+            .file_path(path.to_string())
+            .file_format(DataFileFormat::Parquet)
+            .partition(Struct::from_iter([Some(Literal::long(part))]))
+            .partition_spec_id(0)
+            .record_count(records)
+            .file_size_in_bytes(size);
+        if content == DataContentType::EqualityDeletes {
+            b.equality_ids(Some(vec![1]));
+        }
+        b.build().unwrap()
+    }
+
+    fn data(path: &str, size: u64, records: u64, seq: i64, part: i64) -> Entry {
+        Entry {
+            file: file(path, DataContentType::Data, size, records, part),
+            spec_id: 0,
+            seq,
+        }
+    }
+
+    fn pos(path: &str, seq: i64, part: i64) -> Entry {
+        Entry {
+            file: file(path, DataContentType::PositionDeletes, 100, 1, part),
+            spec_id: 0,
+            seq,
+        }
+    }
+
+    /// Position deletes: per delete file, (data file, positions).
+    fn deletes(inv: &Inventory, rows: &[&[(&str, &[u64])]]) -> PositionDeletes {
+        let mut pd = PositionDeletes::default();
+        for (d, entries) in inv.pos_deletes.iter().zip(rows) {
+            let mut refs = Vec::new();
+            for (path, positions) in entries.iter() {
+                let p: Arc<str> = Arc::from(*path);
+                refs.push(p.clone());
+                for &q in positions.iter() {
+                    pd.by_file.entry(p.clone()).or_default().push((q, d.seq));
+                }
+            }
+            pd.refs.push(refs);
+        }
+        pd
+    }
+
+    fn policy(min_files: usize, max_bytes: u64) -> CompactionPolicy {
+        CompactionPolicy {
+            min_input_files: min_files,
+            min_delete_files: 2,
+            max_bytes_per_run: max_bytes,
+            ..CompactionPolicy::default()
+        }
+    }
+
+    #[test]
+    fn small_files_are_rewritten_per_partition_once_there_are_enough() {
+        let inv = Inventory {
+            data: vec![
+                data("a1", 10, 10, 1, 0),
+                data("a2", 10, 10, 2, 0),
+                data("a3", 10, 10, 3, 0),
+                data("b1", 10, 10, 1, 1),
+                data("big", 1000, 10, 1, 0),
+            ],
+            snapshot_seq: 3,
+            ..Default::default()
+        };
+        let pd = PositionDeletes::default();
+        // Target 1000: "big" is not small; partition 1 has one small file only.
+        let sel = select(&inv, &pd, &policy(3, 1 << 30), 1000, 0);
+        assert_eq!(sel.rewrite, vec![0, 1, 2]);
+        assert_eq!(sel.bytes, 30);
+        let sel = select(&inv, &pd, &policy(4, 1 << 30), 1000, 0);
+        assert!(sel.is_empty(), "{sel:?}");
+        // Files of another spec are left alone.
+        let sel = select(&inv, &pd, &policy(3, 1 << 30), 1000, 7);
+        assert!(sel.is_empty(), "{sel:?}");
+    }
+
+    #[test]
+    fn deletes_decide_heavy_files_fully_deleted_files_and_which_delete_files_go() {
+        let inv = Inventory {
+            data: vec![
+                data("big1", 1000, 10, 1, 0),
+                data("big2", 1000, 10, 2, 0),
+                data("gone", 1000, 2, 2, 0),
+                data("big3", 1000, 10, 3, 0),
+            ],
+            pos_deletes: vec![
+                pos("d1", 2, 0),
+                pos("d2", 3, 0),
+                pos("d3", 3, 0),
+                pos("d4", 4, 0),
+            ],
+            snapshot_seq: 4,
+            ..Default::default()
+        };
+        let pd = deletes(
+            &inv,
+            &[
+                &[("big1", &[0, 1, 2, 3])],
+                &[("gone", &[0, 1]), ("big2", &[5])],
+                &[("big3", &[1])],
+                &[("big3", &[2])],
+            ],
+        );
+        let sel = select(&inv, &pd, &policy(5, 1 << 30), 1000, 0);
+        // big1: 40% deleted (> 30%): rewritten alone; gone: dropped unread.
+        assert_eq!(sel.rewrite, vec![0]);
+        assert_eq!(sel.drop_data, vec![2]);
+        // d1 only named big1: it goes. d2 still names big2, d3/d4 big3: merged.
+        assert_eq!(sel.drop_pos, vec![0]);
+        assert_eq!(sel.merge_pos, vec![vec![1, 2, 3]]);
+    }
+
+    #[test]
+    fn an_equality_delete_goes_once_no_older_file_stays_and_the_budget_holds() {
+        let eq = Entry {
+            file: file("eq", DataContentType::EqualityDeletes, 100, 1, 0),
+            spec_id: 0,
+            seq: 3,
+        };
+        let inv = Inventory {
+            data: vec![
+                data("old", 1000, 10, 1, 0),
+                data("new", 1000, 10, 3, 0),
+                data("other", 1000, 10, 1, 1),
+            ],
+            eq_deletes: vec![eq],
+            snapshot_seq: 3,
+            ..Default::default()
+        };
+        let pd = PositionDeletes::default();
+        let sel = select(&inv, &pd, &policy(5, 1 << 30), 1000, 0);
+        // "old" is older than the delete, same partition: rewritten; "new"
+        // is not older; "other" is in another partition.
+        assert_eq!(sel.rewrite, vec![0]);
+        assert_eq!(sel.drop_eq, vec![0]);
+        // A budget smaller than one file still takes the most urgent one.
+        let sel = select(&inv, &pd, &policy(5, 10), 1000, 0);
+        assert_eq!(sel.rewrite, vec![0]);
+        assert!(sel.bytes > 10);
+    }
+
+    #[test]
+    fn the_byte_budget_cuts_a_run_into_partitions() {
+        let mut files = Vec::new();
+        for p in 0..3 {
+            for i in 0..4 {
+                files.push(data(&format!("p{p}-{i}"), 100, 10, 1, p));
+            }
+        }
+        let inv = Inventory {
+            data: files,
+            snapshot_seq: 1,
+            ..Default::default()
+        };
+        let pd = PositionDeletes::default();
+        let sel = select(&inv, &pd, &policy(2, 800), 1000, 0);
+        assert_eq!(sel.rewrite.len(), 8, "two whole partitions fit: {sel:?}");
+        assert_eq!(sel.bytes, 800);
+        // Within one partition over the budget: its smallest files, up to it.
+        let sel = select(&inv, &pd, &policy(2, 250), 1000, 0);
+        assert_eq!(sel.rewrite.len(), 2, "{sel:?}");
+    }
+}

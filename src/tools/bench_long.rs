@@ -45,12 +45,22 @@ pub struct BenchLongArgs {
     /// runs it when 20 snapshots can expire, or every 10 minutes).
     #[arg(long, default_value_t = 20)]
     pub maintain_every: usize,
+    /// In the `on` run, compact every this many commits (60: the service's
+    /// default `compaction.interval` of 10 minutes at 10 s commits).
+    #[arg(long, default_value_t = 60)]
+    pub compact_every: usize,
+    /// Also time a full scan through DuckDB with this Python (with the
+    /// `duckdb` and its iceberg extension packages, see integration/suite.sh).
+    #[arg(long)]
+    pub duckdb: Option<std::path::PathBuf>,
     /// Snapshots each table keeps with maintenance on: 180 is 30 minutes of
     /// 10 s commits, what `autocdc serve` keeps by default.
     #[arg(long, default_value_t = 180)]
     pub keep_snapshots: u32,
-    /// Runs, in order: `on` (autocdc's defaults), `off` (no expiry, no
-    /// manifest merging, old metadata kept: how tables aged before).
+    /// Runs, in order: `on` (autocdc's defaults: table health and
+    /// compaction), `health` (expiry and manifest merging, no compaction),
+    /// `off` (no expiry, no manifest merging, old metadata kept: how tables
+    /// aged before).
     #[arg(long, default_value = "on,off")]
     pub modes: String,
     /// Commits of the `off` run: its old metadata files alone grow with the
@@ -81,7 +91,13 @@ struct Row {
     disk_bytes: u64,
     live_bytes: u64,
     scan_ms: Option<f64>,
+    /// The same rows as one Parquet file, read whole.
+    one_file_ms: Option<f64>,
+    /// DuckDB: the table, and the one file.
+    duck: Option<(f64, f64)>,
     rows: usize,
+    /// Share of the run's wall time spent compacting so far.
+    compaction_share: f64,
 }
 
 pub async fn run(args: BenchLongArgs) -> Result<()> {
@@ -97,9 +113,12 @@ pub async fn run(args: BenchLongArgs) -> Result<()> {
         .split(',')
         .map(|m| m.trim().to_string())
         .collect();
-    if let Some(m) = modes.iter().find(|m| !["on", "off"].contains(&m.as_str())) {
+    if let Some(m) = modes
+        .iter()
+        .find(|m| !["on", "health", "off"].contains(&m.as_str()))
+    {
         return Err(Error::Config(format!(
-            "--modes: `{m}` is not one of on, off"
+            "--modes: `{m}` is not one of on, health, off"
         )));
     }
     let tmp;
@@ -124,21 +143,26 @@ pub async fn run(args: BenchLongArgs) -> Result<()> {
         std::fs::create_dir_all(&warehouse)?;
         println!(
             "-- maintenance {mode}{}",
-            if mode == "on" {
-                format!(
-                    ": every {} commits, {} snapshots kept, manifests merged from 100",
-                    args.maintain_every, args.keep_snapshots
-                )
-            } else {
-                ": no expiry, no manifest merging, old metadata.json kept".into()
+            match mode.as_str() {
+                "off" => ": no expiry, no manifest merging, old metadata.json kept".to_string(),
+                m => format!(
+                    ": every {} commits, {} snapshots kept, manifests merged from 100{}",
+                    args.maintain_every,
+                    args.keep_snapshots,
+                    if m == "on" {
+                        format!(", compaction every {} commits", args.compact_every)
+                    } else {
+                        ", no compaction".into()
+                    }
+                ),
             }
         );
-        let commits = if mode == "on" {
-            args.commits
-        } else {
+        let commits = if mode == "off" {
             args.off_commits.min(args.commits)
+        } else {
+            args.commits
         };
-        let rows = run_mode(&args, mode == "on", commits, &warehouse, scan_timeout).await?;
+        let rows = run_mode(&args, mode, commits, &warehouse, scan_timeout).await?;
         results.push((mode.clone(), rows));
     }
     if let [(a, on), (b, off)] = results.as_slice()
@@ -194,8 +218,12 @@ pub async fn run(args: BenchLongArgs) -> Result<()> {
     Ok(())
 }
 
-fn flow(args: &BenchLongArgs, on: bool) -> Result<Flow> {
+fn flow(args: &BenchLongArgs, on: bool, compact: bool) -> Result<Flow> {
     let mut cfg = generate::changes_flow("long", "bench.long")?;
+    cfg.compaction = Some(crate::core::flow::CompactionConfig {
+        enabled: Some(compact),
+        ..Default::default()
+    });
     if on {
         cfg.snapshot_max_age = Some("1ms".into());
         cfg.min_snapshots_to_keep = Some(args.keep_snapshots.max(1));
@@ -206,13 +234,17 @@ fn flow(args: &BenchLongArgs, on: bool) -> Result<Flow> {
 
 async fn run_mode(
     args: &BenchLongArgs,
-    on: bool,
+    mode: &str,
     commits: usize,
     warehouse: &Path,
     scan_timeout: Duration,
 ) -> Result<Vec<Row>> {
     let catalog = local_catalog(warehouse)?;
-    let flow = flow(args, on)?;
+    let on = mode != "off";
+    let compact = mode == "on";
+    let flow = flow(args, on, compact)?;
+    let run_started = Instant::now();
+    let mut compaction_ms = 0.0;
     let mut engine =
         Engine::open(flow.clone(), catalog.clone(), Arc::new(Faults::default())).await?;
     if !on {
@@ -245,7 +277,7 @@ async fn run_mode(
     let mut window: Vec<f64> = Vec::with_capacity(args.every);
     let mut rows = Vec::new();
     println!(
-        "   {:>7} {:>8} {:>8} {:>10} {:>6} {:>6} {:>7} {:>7} {:>10} {:>10} {:>9}",
+        "   {:>7} {:>7} {:>7} {:>9} {:>5} {:>5} {:>6} {:>7} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>6}",
         "commits",
         "p50 ms",
         "p99 ms",
@@ -254,9 +286,15 @@ async fn run_mode(
         "manif",
         "data",
         "deletes",
+        "avg file",
         "on disk",
         "live",
-        "scan ms"
+        "scan ms",
+        "1file ms",
+        "duck ms",
+        "duck 1f",
+        "rows",
+        "compact"
     );
     for i in 0..commits {
         let batch = generate::changes(
@@ -271,28 +309,34 @@ async fn run_mode(
         let t = Instant::now();
         engine.apply(&batch, now_ms()).await?;
         window.push(t.elapsed().as_secs_f64() * 1e3);
-        if on && (i + 1) % args.maintain_every == 0 {
-            engine
+        let compact_now = compact && (i + 1) % args.compact_every.max(1) == 0;
+        if on && ((i + 1) % args.maintain_every == 0 || compact_now) {
+            let report = engine
                 .maintain(&MaintainOptions {
                     now_ms: now_ms(),
                     dry_run: false,
                     orphans_older_than: None,
-                    compact: true,
+                    compact: compact_now,
                 })
                 .await?;
+            compaction_ms += report.compaction.map_or(0.0, |c| c.elapsed_ms);
         }
         if (i + 1) % args.every == 0 || i + 1 == commits {
-            let row = checkpoint(
+            let mut row = checkpoint(
                 &engine,
                 &catalog,
                 warehouse,
                 i + 1,
                 &mut window,
                 scan_timeout,
+                args.duckdb.as_deref(),
             )
             .await?;
+            row.compaction_share = compaction_ms / (run_started.elapsed().as_secs_f64() * 1e3);
+            let ms = |m: Option<f64>| m.map_or_else(|| "-".to_string(), |m| format!("{m:.0}"));
+            let files = (row.data_files + row.delete_files).max(1);
             println!(
-                "   {:>7} {:>8.1} {:>8.1} {:>10} {:>6} {:>6} {:>7} {:>7} {:>10} {:>10} {:>9} {:>7}",
+                "   {:>7} {:>7.1} {:>7.1} {:>9} {:>5} {:>5} {:>6} {:>7} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>7} {:>5.1}%",
                 row.commits,
                 row.p50_ms,
                 row.p99_ms,
@@ -301,12 +345,17 @@ async fn run_mode(
                 row.manifests,
                 row.data_files,
                 row.delete_files,
+                human_bytes(row.live_bytes / files),
                 human_bytes(row.disk_bytes),
                 human_bytes(row.live_bytes),
                 row.scan_ms
                     .map(|m| format!("{m:.0}"))
                     .unwrap_or_else(|| "timeout".into()),
-                row.rows
+                ms(row.one_file_ms),
+                ms(row.duck.map(|d| d.0)),
+                ms(row.duck.map(|d| d.1)),
+                row.rows,
+                row.compaction_share * 100.0
             );
             rows.push(row);
         }
@@ -328,6 +377,7 @@ async fn checkpoint(
     commits: usize,
     window: &mut Vec<f64>,
     scan_timeout: Duration,
+    duckdb: Option<&Path>,
 ) -> Result<Row> {
     window.sort_by(|a, b| a.total_cmp(b));
     let stats = maintain::stats(catalog.file_io(), engine.target()).await?;
@@ -340,14 +390,45 @@ async fn checkpoint(
         .unwrap_or(stats.metadata_bytes);
     let started = Instant::now();
     let scanned = tokio::time::timeout(scan_timeout, engine.scan_target()).await;
-    let (scan_ms, rows) = match scanned {
+    let (scan_ms, rows, batches) = match scanned {
         Ok(batches) => {
             let batches = batches?;
             let rows = batches.iter().map(|b| b.num_rows()).sum();
-            (Some(started.elapsed().as_secs_f64() * 1e3), rows)
+            (Some(started.elapsed().as_secs_f64() * 1e3), rows, batches)
         }
-        Err(_) => (None, 0),
+        Err(_) => (None, 0, Vec::new()),
     };
+    // The floor: the same rows as one Parquet file, read whole.
+    let single = warehouse.join("one-file.parquet");
+    let one_file_ms = match batches.first() {
+        Some(b) => {
+            let mut w = parquet::arrow::ArrowWriter::try_new(
+                std::fs::File::create(&single)?,
+                b.schema(),
+                None,
+            )?;
+            for b in &batches {
+                w.write(b)?;
+            }
+            w.close()?;
+            let started = Instant::now();
+            let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+                std::fs::File::open(&single)?,
+            )?
+            .build()?;
+            let n: usize = reader
+                .map(|b| b.map(|b| b.num_rows()))
+                .sum::<std::result::Result<usize, _>>()?;
+            debug_assert_eq!(n, rows);
+            Some(started.elapsed().as_secs_f64() * 1e3)
+        }
+        None => None,
+    };
+    let duck = match (duckdb, one_file_ms) {
+        (Some(py), Some(_)) => duck_scan(py, &engine.target().metadata_location, &single),
+        _ => None,
+    };
+    let _ = std::fs::remove_file(&single);
     let row = Row {
         commits,
         p50_ms: quantile(window, 0.5),
@@ -360,8 +441,40 @@ async fn checkpoint(
         disk_bytes: dir_bytes(warehouse),
         live_bytes: stats.table_bytes,
         scan_ms,
+        one_file_ms,
+        duck,
         rows,
+        compaction_share: 0.0,
     };
     window.clear();
     Ok(row)
+}
+
+/// (table ms, one-file ms) through DuckDB (`integration/duck_scan.py`);
+/// None, with a note, when it cannot run.
+fn duck_scan(python: &Path, metadata: &str, single: &Path) -> Option<(f64, f64)> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("integration/duck_scan.py");
+    let out = std::process::Command::new(python)
+        .arg(&script)
+        .arg(metadata.strip_prefix("file://").unwrap_or(metadata))
+        .arg(single)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            let mut it = text.split_whitespace().map(|v| v.parse::<f64>().ok());
+            Some((it.next()??, it.next()??))
+        }
+        Ok(o) => {
+            eprintln!(
+                "duckdb scan failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+            None
+        }
+        Err(e) => {
+            eprintln!("duckdb scan: cannot run {}: {e}", python.display());
+            None
+        }
+    }
 }

@@ -97,8 +97,9 @@ pub enum Command {
         full: bool,
         flow: String,
     },
-    /// Maintain flows' tables now: expire snapshots, delete the files only
-    /// expired snapshots referenced, delete orphan files (see README, "Maintenance").
+    /// Maintain flows' tables now: compact small files and their deletes,
+    /// expire snapshots, delete the files only expired snapshots referenced,
+    /// delete orphan files (see README, "Maintenance" and "Compaction").
     Maintain {
         #[arg(long, default_value = "autocdc.toml")]
         config: PathBuf,
@@ -112,6 +113,10 @@ pub enum Command {
         /// `[maintenance] orphan_older_than` (3d). At least "1h".
         #[arg(long)]
         orphans_older_than: Option<String>,
+        /// Skip compaction in this run (it runs when the flow's
+        /// `compaction.enabled`, the default).
+        #[arg(long)]
+        no_compact: bool,
         /// Print the reports as JSON.
         #[arg(long)]
         json: bool,
@@ -247,8 +252,19 @@ pub async fn run(cli: Cli) -> Result<()> {
             flow,
             dry_run,
             orphans_older_than,
+            no_compact,
             json,
-        } => maintain(&config, flow.as_deref(), dry_run, orphans_older_than, json).await,
+        } => {
+            maintain(
+                &config,
+                flow.as_deref(),
+                dry_run,
+                orphans_older_than,
+                !no_compact,
+                json,
+            )
+            .await
+        }
         Command::Bench(args) => crate::tools::bench::run(args).await,
         Command::BenchServe(args) => crate::tools::loadgen::run(args).await,
         Command::BenchLong(args) => crate::tools::bench_long::run(args).await,
@@ -387,6 +403,7 @@ async fn maintain(
     only: Option<&str>,
     dry_run: bool,
     orphans: Option<String>,
+    compact: bool,
     json: bool,
 ) -> Result<()> {
     let config = load_config(config)?;
@@ -413,7 +430,7 @@ async fn maintain(
                 now_ms: now_ms(),
                 dry_run,
                 orphans_older_than,
-                compact: true,
+                compact,
             })
             .await?;
         if json {
@@ -437,6 +454,30 @@ fn print_maintenance(r: &crate::table::engine::MaintenanceReport) {
         },
         r.elapsed_ms
     );
+    if let Some(c) = &r.compaction {
+        match &c.skipped {
+            Some(why) => println!("  compaction: {why}"),
+            None => println!(
+                "  compaction: {} data files rewritten into {}, {} fully deleted dropped, {} delete files removed ({} equality), {} written; {} rows moved, {} deleted rows gone; read {}, wrote {}{} ({:.0} ms)",
+                c.data_files_rewritten,
+                c.data_files_written,
+                c.data_files_dropped,
+                c.delete_files_removed,
+                c.equality_delete_files_removed,
+                c.delete_files_written,
+                c.rows_moved,
+                c.rows_dropped,
+                human_bytes(c.bytes_read),
+                human_bytes(c.bytes_written),
+                if c.state_files_rewritten > 0 {
+                    format!("; state table: {} files into 1", c.state_files_rewritten)
+                } else {
+                    String::new()
+                },
+                c.elapsed_ms
+            ),
+        }
+    }
     for (t, s) in [(&r.target, &r.target_stats), (&r.state, &r.state_stats)] {
         println!(
             "  {}: {} snapshots expired, {} kept; {verb} {} manifest lists, {} manifests, {} data files, {} delete files, {} orphans, {} ({} bytes){}",
