@@ -300,7 +300,7 @@ pub const REGISTRY: &[CodeInfo] = {
         info(TRUNCATE_FLOOR, 500, "the state and target disagree after a truncate"),
         info(REOPEN, 500, "the state and target disagree after a reopen"),
         info(COMMIT_CONFLICT, 500, "another writer kept committing first and the retries ran out"),
-        info(COMMITTER_PANIC, 500, "a commit panicked; the flow is degraded and retries"),
+        info(COMMITTER_PANIC, 500, "a commit (or a maintenance run) panicked; the flow is degraded and retries (the run is reported failed)"),
         info(WRITE_EMPTY_FILE, 500, "a data file came out empty (a bug: report it)"),
         info(CONFIG, 400, "a config file or setting that cannot be used"),
         info(DEMO_MISMATCH, 500, "`autocdc demo`'s table differs from its oracle (CLI only)"),

@@ -36,6 +36,8 @@ const COMPACT_FIRST: u8 = 1;
 const LOSE_ANSWER: u8 = 2;
 /// Fail our next target commit without committing, as a 503 would.
 const FAIL_BEFORE: u8 = 3;
+/// Another writer appends a row just before our next target commit.
+const APPEND_FIRST: u8 = 4;
 
 /// A catalog with another writer and an unreliable network in front of it.
 #[derive(Debug)]
@@ -84,6 +86,11 @@ impl Catalog for Unruly {
                 ))
             }
             FAIL_BEFORE => Err(Error::Unavailable("503 Service Unavailable".into())),
+            APPEND_FIRST => {
+                let row = target_rows(&[(102, "Racer", 0)]);
+                foreign_commit(self.inner.as_ref(), &base.ident, &row, false).await;
+                self.inner.commit(base, updates, requirements).await
+            }
             _ => self.inner.commit(base, updates, requirements).await,
         }
     }
@@ -163,7 +170,14 @@ fn our_snapshots(t: &TableState, flow: &Flow) -> usize {
 }
 
 async fn scenario(inner: Arc<dyn Catalog>) {
-    let flow = flow_in(&unique("conc"));
+    let flow = {
+        let mut cfg = flow_in(&unique("conc")).config;
+        cfg.compaction = Some(autocdc::core::flow::CompactionConfig {
+            min_input_files: Some(2),
+            ..Default::default()
+        });
+        Flow::new(cfg).unwrap()
+    };
     let unruly = Arc::new(Unruly {
         inner: inner.clone(),
         next: AtomicU8::new(NOTHING),
@@ -244,6 +258,36 @@ async fn scenario(inner: Arc<dyn Catalog>) {
         "{t:?}"
     );
     assert_eq!(t.len(), 7, "{t:?}");
+
+    // Our compaction races another writer's append: it loses the target's
+    // compare-and-swap, nothing of it lands, and the next run compacts on
+    // the new base. No row is lost or comes back.
+    let engine_cat: Arc<dyn Catalog> = unruly.clone();
+    let mut ours = open_engine(&engine_cat, &flow).await;
+    unruly.next.store(APPEND_FIRST, Ordering::SeqCst);
+    let r = ours.compact(10, false).await.unwrap();
+    assert!(
+        r.skipped
+            .as_deref()
+            .is_some_and(|s| s.starts_with("abandoned")),
+        "{r:?}"
+    );
+    let mut want = t.clone();
+    want.insert(vec!["102".into(), "Racer".into(), "0".into()]);
+    assert_eq!(table_rows(&open_engine(&inner, &flow).await).await, want);
+    let r = ours.compact(11, false).await.unwrap();
+    assert!(r.skipped.is_none() && r.data_files_written >= 1, "{r:?}");
+    let fresh = open_engine(&inner, &flow).await;
+    assert_eq!(table_rows(&fresh).await, want);
+    // Rows moved by it are still replaced exactly once.
+    let mut fresh = fresh;
+    fresh
+        .apply(&batch(&flow, &[u(6, "Kent", 6)]), 6)
+        .await
+        .unwrap();
+    want.remove(&vec!["6".into(), "Leeds".into(), "1".into()]);
+    want.insert(vec!["6".into(), "Kent".into(), "6".into()]);
+    assert_eq!(table_rows(&open_engine(&inner, &flow).await).await, want);
 }
 
 #[test]

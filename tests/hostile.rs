@@ -176,6 +176,74 @@ fn a_panic_in_the_committer_degrades_the_flow_and_it_recovers() {
     });
 }
 
+/// A panic inside a maintenance run (here in compaction, asked for over
+/// HTTP) is caught: the request gets a 500 with the code, the run counts as
+/// failed, and the flow's committer lives on and commits.
+#[test]
+fn a_panic_in_maintenance_fails_the_run_not_the_flow() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = flow_cfg("c", "20ms");
+    cfg.compaction = Some(autocdc::core::flow::CompactionConfig {
+        min_input_files: Some(2),
+        interval: Some("1h".into()),
+        ..Default::default()
+    });
+    rt().block_on(async {
+        let faults = Arc::new(Faults::default());
+        let r = http::start(config(tmp.path(), vec![cfg]), faults.clone())
+            .await
+            .unwrap();
+        let c = reqwest::Client::new();
+        for evs in CUSTOMERS_EVENTS.chunks(2) {
+            let (s, _) = post(
+                &c,
+                &url(&r, "/v1/flows/c/changes?wait=commit"),
+                "application/x-ndjson",
+                ndjson(evs),
+                None,
+            )
+            .await;
+            assert_eq!(s, 200);
+        }
+        faults.arm_panic(FaultPoint::AfterCompactionFiles, 0);
+        let resp = c
+            .post(url(&r, "/v1/flows/c/maintain"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 500);
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "AUTOCDC_COMMITTER_PANIC", "{v}");
+        let st = flow_status(&c, &r, "c").await;
+        assert_eq!(st["status"]["maintenance"]["failures"], 1, "{st}");
+        // The flow goes on: a new change commits, and a second run compacts.
+        let (s, _) = post(
+            &c,
+            &url(&r, "/v1/flows/c/changes?wait=commit"),
+            "application/x-ndjson",
+            ndjson(&[u(77, "Ely", 100)]),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200);
+        let resp = c
+            .post(url(&r, "/v1/flows/c/maintain"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        let v: Value = resp.json().await.unwrap();
+        assert!(
+            v["compaction"]["data_files_written"].as_u64().unwrap() >= 1,
+            "{v}"
+        );
+        r.stop().await.unwrap();
+        let mut all = CUSTOMERS_EVENTS.to_vec();
+        all.push(u(77, "Ely", 100));
+        assert_eq!(table(tmp.path(), "c").await, expected(&all));
+    });
+}
+
 /// A `Content-Length` over `max_body_bytes` gets 413 at once, before any of
 /// the body is sent (it used to wait for the body until the request timeout).
 #[test]

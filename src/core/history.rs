@@ -208,6 +208,28 @@ impl History {
         moved
     }
 
+    /// Forgets the data files no event points into, renumbering the others
+    /// (see `KeyIndex::shrink_files`). Returns how many went.
+    pub fn shrink_files(&mut self) -> usize {
+        let mut used = vec![false; self.files.len()];
+        for e in self.keys.values().flatten() {
+            if let Some(l) = e.loc {
+                used[l.file as usize] = true;
+            }
+        }
+        let unused = used.iter().filter(|u| !**u).count();
+        if unused == 0 {
+            return 0;
+        }
+        let map = self.files.retain(&used);
+        for e in self.keys.values_mut().flatten() {
+            if let Some(l) = &mut e.loc {
+                l.file = map[l.file as usize];
+            }
+        }
+        unused
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[Event])> + '_ {
         self.keys.iter().map(|(k, e)| (&**k, e.as_slice()))
     }

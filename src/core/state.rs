@@ -206,6 +206,22 @@ impl FileTable {
     pub fn is_empty(&self) -> bool {
         self.paths.is_empty()
     }
+
+    /// Keeps only the files `used` marks (by id), renumbered in order;
+    /// returns the old id → new id map (`u32::MAX`: dropped).
+    pub fn retain(&mut self, used: &[bool]) -> Vec<u32> {
+        let mut map = vec![u32::MAX; self.paths.len()];
+        let mut next = FileTable::default();
+        for (i, p) in self.paths.iter().enumerate() {
+            if used.get(i).copied().unwrap_or(false) {
+                let id = next.intern(p);
+                next.gone[id as usize] = self.gone[i];
+                map[i] = id;
+            }
+        }
+        *self = next;
+        map
+    }
 }
 
 /// The key index. Keys and sequences are Arrow row-format bytes, so any key
@@ -542,6 +558,31 @@ impl KeyIndex {
         moved
     }
 
+    /// Forgets the data files no entry points into (a compaction leaves
+    /// every file it rewrote behind), renumbering the others. Entries are
+    /// not dirtied: the state table stores paths, not ids. Returns how many
+    /// files went. Without it the file table grows with every commit.
+    pub fn shrink_files(&mut self) -> usize {
+        let located = |s: &Slot| s.flags & (F_HAS_LOC | F_TOMBSTONE) == F_HAS_LOC;
+        let mut used = vec![false; self.files.len()];
+        for s in self.slots.iter().filter(|s| located(s)) {
+            used[(s.payload >> 32) as usize] = true;
+        }
+        let unused = used.iter().filter(|u| !**u).count();
+        if unused == 0 {
+            return 0;
+        }
+        let map = self.files.retain(&used);
+        for i in 0..self.slots.len as u32 {
+            let s = self.slots.get_mut(i);
+            if located(s) {
+                let file = map[(s.payload >> 32) as usize];
+                s.payload = ((file as u64) << 32) | (s.payload & 0xffff_ffff);
+            }
+        }
+        unused
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = EntryRef<'_>> + '_ {
         self.slots
             .iter()
@@ -755,6 +796,56 @@ mod tests {
             ix.dirty().map(|e| e.key.to_vec()).collect::<Vec<_>>(),
             vec![k(1)]
         );
+    }
+
+    #[test]
+    fn relocated_rows_are_dirty_and_rewritten_files_are_forgotten() {
+        let mut ix = KeyIndex::new();
+        let (a, b) = (ix.files.intern("a"), ix.files.intern("b"));
+        for i in 0..6u64 {
+            let file = if i < 3 { a } else { b };
+            let key = k(i);
+            let loc = Loc {
+                file,
+                pos: i as u32,
+            };
+            ix.put(hash_key(&key), &key, &k(1), 0, Value::Live(Some(loc)));
+        }
+        let t = k(9);
+        ix.put(
+            hash_key(&t),
+            &t,
+            &k(1),
+            0,
+            Value::Tombstone { deleted_at_ms: 5 },
+        );
+        ix.clear_dirty();
+        // "a" is rewritten into "c": its rows move, the others stay clean.
+        let c = ix.files.intern("c");
+        let moved = ix.relocate(|l| {
+            (l.file == a).then_some(Loc {
+                file: c,
+                pos: 10 + l.pos,
+            })
+        });
+        assert_eq!(moved, 3);
+        let mut dirty: Vec<Vec<u8>> = ix.dirty().map(|e| e.key.to_vec()).collect();
+        dirty.sort();
+        assert_eq!(dirty, vec![k(0), k(1), k(2)]);
+        assert_eq!(ix.shrink_files(), 1, "only `a` is unreferenced");
+        assert_eq!(ix.files.len(), 2);
+        for i in 0..6u64 {
+            let Value::Live(Some(l)) = ix.get(&k(i)).unwrap().value else {
+                panic!("key {i} lost its location");
+            };
+            let (path, pos) = if i < 3 { ("c", 10 + i) } else { ("b", i) };
+            assert_eq!((ix.files.path(l.file), l.pos as u64), (path, pos));
+        }
+        assert!(matches!(
+            ix.get(&t).unwrap().value,
+            Value::Tombstone { deleted_at_ms: 5 }
+        ));
+        ix.check_invariants();
     }
 
     #[test]

@@ -236,7 +236,20 @@ async fn run_maintenance(
             return Err(e);
         }
     };
-    let result = eng.maintain(opts).await;
+    // Compaction decodes and encodes Parquet: like a commit, off this
+    // worker's other tasks, and a panic in it degrades the run, not the flow.
+    let handle = tokio::runtime::Handle::current();
+    let result = tokio::task::block_in_place(|| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            handle.block_on(eng.maintain(opts))
+        }))
+    })
+    .unwrap_or_else(|panic| {
+        Err(Error::State {
+            code: codes::COMMITTER_PANIC,
+            message: format!("maintenance panicked: {}", panic_message(&*panic)),
+        })
+    });
     rt.record_maintenance(&result.as_ref(), opts.dry_run);
     match &result {
         Ok(report) => tracing::info!(

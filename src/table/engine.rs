@@ -769,16 +769,25 @@ impl Engine {
         };
         let pd = compact::read_position_deletes(&io, &inv).await?;
         let sel = compact::select(&inv, &pd, &policy, target, meta.default_partition_spec_id());
-        let state_files = match self.state_tbl.metadata.current_snapshot() {
-            Some(s) => s
-                .summary()
-                .additional_properties
-                .get("total-data-files")
-                .and_then(|v| v.parse::<usize>().ok())
-                .unwrap_or(0),
-            None => 0,
+        let state_figure = |name: &str| {
+            self.state_tbl
+                .metadata
+                .current_snapshot()
+                .and_then(|s| {
+                    s.summary()
+                        .additional_properties
+                        .get(name)?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .unwrap_or(0)
         };
-        let state_whole = state_files >= policy.min_input_files.max(2);
+        let state_files = state_figure("total-data-files") as usize;
+        // The state table is rewritten into one file once it has many, when
+        // that fits the run's budget (a larger state is rewritten by the
+        // commits' own rule, once its log is 3 times its entries).
+        let state_whole = state_files >= policy.min_input_files.max(2)
+            && state_figure("total-files-size") <= policy.max_bytes_per_run;
         report.data_files_rewritten = sel.rewrite.len();
         report.data_files_dropped = sel.drop_data.len();
         report.delete_files_removed = sel.drop_pos.len()
@@ -900,6 +909,9 @@ impl Engine {
                         if let Some(map) = &mut self.file_partitions {
                             map.retain(|p, _| !removed.contains(p));
                         }
+                        // The rewritten files' ids: the file table stays
+                        // as large as the files rows are in.
+                        self.state.shrink_files();
                         Ok(())
                     }
                     Err(e) => Err(e),

@@ -145,6 +145,14 @@ impl FlowState {
         }
     }
 
+    /// Forgets data files no row location points into; returns how many.
+    pub fn shrink_files(&mut self) -> usize {
+        match self {
+            FlowState::Keys(index) => index.shrink_files(),
+            FlowState::History { events, .. } => events.shrink_files(),
+        }
+    }
+
     pub fn sizes(&self) -> Sizes {
         match self {
             FlowState::Keys(index) => Sizes {

@@ -44,6 +44,10 @@ pub struct SoakArgs {
     /// The flows' commit_interval.
     #[arg(long, default_value = "1s")]
     pub commit_interval: String,
+    /// The flows' `compaction.interval` (the service's default is 10m; a
+    /// short soak compacts sooner so its file counts show the bound).
+    #[arg(long, default_value = "30s")]
+    pub compaction_interval: String,
     /// The flows' max_log_bytes (default: the service's default).
     #[arg(long)]
     pub max_log_bytes: Option<u64>,
@@ -152,6 +156,10 @@ pub async fn run(a: SoakArgs) -> Result<()> {
         let mut cfg = generate::changes_flow(name, &format!("soak.{name}"))?;
         cfg.commit_interval = Some(a.commit_interval.clone());
         cfg.max_log_bytes = a.max_log_bytes;
+        cfg.compaction = Some(crate::core::flow::CompactionConfig {
+            interval: Some(a.compaction_interval.clone()),
+            ..Default::default()
+        });
         flows.push(cfg);
     }
     let config = Config {
