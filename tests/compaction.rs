@@ -483,3 +483,47 @@ fn a_compaction_that_loses_a_race_with_another_writer_is_abandoned_cleanly() {
         assert_eq!(table_rows(&e).await, want);
     });
 }
+
+/// With no file small or delete-heavy enough to rewrite, a partition's
+/// position-delete files are merged into one (entries for dropped files
+/// left out): the table reads the same, later deletes still apply, and the
+/// merged file keeps applying after a restart.
+#[test]
+fn position_delete_files_alone_are_merged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let mut cfg = customers_config();
+    cfg.compaction = Some(CompactionConfig {
+        min_file_size_ratio: Some(0.0),
+        delete_ratio: Some(1.0),
+        min_delete_files: Some(2),
+        ..Default::default()
+    });
+    let flow = Flow::new(cfg).unwrap();
+    rt().block_on(async {
+        let cat = catalog(tmp.path(), faults.clone());
+        let mut e = open(&cat, &flow, &faults).await;
+        let mut applied = Vec::new();
+        for i in 0..30 {
+            let b = changes(&flow, i, 12);
+            e.apply(&b, now()).await.unwrap();
+            applied.push(b);
+        }
+        let (data, pos, _) = files(&cat, e.target()).await;
+        assert!(pos >= 10, "{pos} delete files");
+        let r = compact(&mut e).await;
+        assert_eq!(r.data_files_rewritten, 0, "{r:?}");
+        assert_eq!(r.delete_files_written, 1, "{r:?}");
+        let (data_after, pos_after, eq) = files(&cat, e.target()).await;
+        assert_eq!((pos_after, eq), (1, 0));
+        assert_eq!(data_after, data - r.data_files_dropped);
+        assert_eq!(table_rows(&e).await, oracle(&flow, &applied));
+        for i in 30..36 {
+            let b = changes(&flow, i, 12);
+            e.apply(&b, now()).await.unwrap();
+            applied.push(b);
+        }
+        let e = open(&catalog(tmp.path(), faults.clone()), &flow, &faults).await;
+        assert_eq!(table_rows(&e).await, oracle(&flow, &applied));
+    });
+}
