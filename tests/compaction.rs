@@ -84,6 +84,21 @@ fn changes(flow: &Flow, i: i64, keys: i64) -> RecordBatch {
     batch(flow, &evs)
 }
 
+/// Applies batches `range` of `changes` over `keys` keys, kept in `applied`.
+async fn apply_changes(
+    e: &mut Engine,
+    flow: &Flow,
+    range: std::ops::Range<i64>,
+    keys: i64,
+    applied: &mut Vec<RecordBatch>,
+) {
+    for i in range {
+        let b = changes(flow, i, keys);
+        e.apply(&b, now()).await.unwrap();
+        applied.push(b);
+    }
+}
+
 #[test]
 fn compaction_rewrites_small_files_and_rows_stay_removed_by_position() {
     let tmp = tempfile::tempdir().unwrap();
@@ -93,11 +108,7 @@ fn compaction_rewrites_small_files_and_rows_stay_removed_by_position() {
         let cat = catalog(tmp.path(), faults.clone());
         let mut e = open(&cat, &flow, &faults).await;
         let mut applied = Vec::new();
-        for i in 0..24 {
-            let b = changes(&flow, i, 20);
-            e.apply(&b, now()).await.unwrap();
-            applied.push(b);
-        }
+        apply_changes(&mut e, &flow, 0..24, 20, &mut applied).await;
         let (data, pos, eq) = files(&cat, e.target()).await;
         assert!(
             data >= 20 && pos >= 10,
@@ -134,11 +145,7 @@ fn compaction_rewrites_small_files_and_rows_stay_removed_by_position() {
         let mut e = open(&catalog(tmp.path(), faults.clone()), &flow, &faults).await;
         assert_eq!(table_rows(&e).await, oracle(&flow, &applied));
         compact(&mut e).await;
-        for i in 32..36 {
-            let b = changes(&flow, i, 20);
-            e.apply(&b, now()).await.unwrap();
-            applied.push(b);
-        }
+        apply_changes(&mut e, &flow, 32..36, 20, &mut applied).await;
         assert_eq!(files(&cat, e.target()).await.2, 0);
         let e = open(&catalog(tmp.path(), faults.clone()), &flow, &faults).await;
         assert_eq!(table_rows(&e).await, oracle(&flow, &applied));
@@ -340,11 +347,7 @@ fn partitioned_targets_compact_per_partition() {
         let cat = catalog(tmp.path(), faults.clone());
         let mut e = open(&cat, &flow, &faults).await;
         let mut applied = Vec::new();
-        for i in 0..16 {
-            let b = changes(&flow, i, 30);
-            e.apply(&b, now()).await.unwrap();
-            applied.push(b);
-        }
+        apply_changes(&mut e, &flow, 0..16, 30, &mut applied).await;
         compact(&mut e).await;
         let t = cat.load_table(&e.target().ident).await.unwrap().unwrap();
         let inv = compact::inventory(cat.file_io(), &t)
@@ -361,11 +364,7 @@ fn partitioned_targets_compact_per_partition() {
         assert!(per_partition.values().all(|&n| n == 1), "{per_partition:?}");
         assert_eq!((inv.pos_deletes.len(), inv.eq_deletes.len()), (0, 0));
         assert_eq!(table_rows(&e).await, oracle(&flow, &applied));
-        for i in 16..22 {
-            let b = changes(&flow, i, 30);
-            e.apply(&b, now()).await.unwrap();
-            applied.push(b);
-        }
+        apply_changes(&mut e, &flow, 16..22, 30, &mut applied).await;
         assert_eq!(files(&cat, e.target()).await.2, 0);
         let e = open(&catalog(tmp.path(), faults.clone()), &flow, &faults).await;
         assert_eq!(table_rows(&e).await, oracle(&flow, &applied));
@@ -384,11 +383,7 @@ fn a_compaction_that_loses_a_race_with_another_writer_is_abandoned_cleanly() {
         let cat = catalog(tmp.path(), faults.clone());
         let mut e = open(&cat, &flow, &faults).await;
         let mut applied = Vec::new();
-        for i in 0..10 {
-            let b = changes(&flow, i, 20);
-            e.apply(&b, now()).await.unwrap();
-            applied.push(b);
-        }
+        apply_changes(&mut e, &flow, 0..10, 20, &mut applied).await;
         let ours = table_rows(&e).await;
         // The other writer: one row with a key autocdc never saw.
         let foreign = batch(&flow, &[u(900, "Oslo", 1)]);
@@ -504,11 +499,7 @@ fn position_delete_files_alone_are_merged() {
         let cat = catalog(tmp.path(), faults.clone());
         let mut e = open(&cat, &flow, &faults).await;
         let mut applied = Vec::new();
-        for i in 0..30 {
-            let b = changes(&flow, i, 12);
-            e.apply(&b, now()).await.unwrap();
-            applied.push(b);
-        }
+        apply_changes(&mut e, &flow, 0..30, 12, &mut applied).await;
         let (data, pos, _) = files(&cat, e.target()).await;
         assert!(pos >= 10, "{pos} delete files");
         let r = compact(&mut e).await;
@@ -518,11 +509,7 @@ fn position_delete_files_alone_are_merged() {
         assert_eq!((pos_after, eq), (1, 0));
         assert_eq!(data_after, data - r.data_files_dropped);
         assert_eq!(table_rows(&e).await, oracle(&flow, &applied));
-        for i in 30..36 {
-            let b = changes(&flow, i, 12);
-            e.apply(&b, now()).await.unwrap();
-            applied.push(b);
-        }
+        apply_changes(&mut e, &flow, 30..36, 12, &mut applied).await;
         let e = open(&catalog(tmp.path(), faults.clone()), &flow, &faults).await;
         assert_eq!(table_rows(&e).await, oracle(&flow, &applied));
     });

@@ -872,66 +872,27 @@ impl Engine {
         let delta = self
             .state
             .delta(&self.flow, &self.codec, generation, whole)?;
-        let mut file_ms = 0.0;
-        let committed = match self
-            .commit_state(delta, generation, whole, now_ms, &mut file_ms)
-            .await
-        {
-            Ok(state) => {
-                let partitions: Vec<(String, (i32, Struct))> = done
-                    .data
-                    .iter()
-                    .map(|f| (f.file_path().to_string(), (spec_id, f.partition().clone())))
-                    .collect();
-                let offsets = self.offsets.clone();
-                let input_offset = self.input_offset;
-                let floor = self.floor.clone();
-                let removed = done.removed.clone();
-                match self
-                    .commit_target(
-                        done.data,
-                        done.deletes,
-                        &state,
-                        &offsets,
-                        floor.as_deref(),
-                        None,
-                        input_offset,
-                        now_ms,
-                        Some(Rewrite {
-                            removed: removed.clone(),
-                            data_sequence: inv.snapshot_seq,
-                        }),
-                    )
-                    .await
-                {
-                    Ok((target, _)) => {
-                        self.publish(target, state, offsets, partitions, None, None, input_offset);
-                        if let Some(map) = &mut self.file_partitions {
-                            map.retain(|p, _| !removed.contains(p));
-                        }
-                        // The rewritten files' ids: the file table stays
-                        // as large as the files rows are in.
-                        self.state.shrink_files();
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            Err(e) => Err(e),
+        let rewrite = Rewrite {
+            removed: done.removed,
+            data_sequence: inv.snapshot_seq,
         };
+        let committed = self
+            .commit_compaction(
+                done.data,
+                done.deletes,
+                rewrite,
+                delta,
+                generation,
+                whole,
+                now_ms,
+            )
+            .await;
         match committed {
             Ok(()) => {}
             Err(Failure::AtCommit { error, .. }) => {
                 // Another writer committed first: nothing of ours is in the
                 // target. Reload everything and leave the work for the next run.
-                let fresh = Engine::open_for_log(
-                    self.flow.clone(),
-                    self.catalog.clone(),
-                    self.faults.clone(),
-                    self.log.clone(),
-                )
-                .await?;
-                *self = fresh;
+                *self = self.reopen().await?;
                 report.skipped = Some(format!(
                     "abandoned, another writer committed first: {error}"
                 ));
@@ -940,6 +901,66 @@ impl Engine {
         }
         report.elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
         Ok(report)
+    }
+
+    /// A compaction's commits: the state table (its moved locations, or
+    /// all of it when `whole`), then the target's `replace` snapshot naming
+    /// it; then the engine takes both.
+    #[allow(clippy::too_many_arguments)]
+    async fn commit_compaction(
+        &mut self,
+        data: Vec<DataFile>,
+        deletes: Vec<DataFile>,
+        rewrite: Rewrite,
+        delta: RecordBatch,
+        generation: i64,
+        whole: bool,
+        now_ms: i64,
+    ) -> std::result::Result<(), Failure> {
+        let mut file_ms = 0.0;
+        let state = self
+            .commit_state(delta, generation, whole, now_ms, &mut file_ms)
+            .await?;
+        let spec_id = self.target.metadata.default_partition_spec_id();
+        let partitions: Vec<(String, (i32, Struct))> = data
+            .iter()
+            .map(|f| (f.file_path().to_string(), (spec_id, f.partition().clone())))
+            .collect();
+        let (offsets, input_offset) = (self.offsets.clone(), self.input_offset);
+        let floor = self.floor.clone();
+        let removed = rewrite.removed.clone();
+        let (target, _) = self
+            .commit_target(
+                data,
+                deletes,
+                &state,
+                &offsets,
+                floor.as_deref(),
+                None,
+                input_offset,
+                now_ms,
+                Some(rewrite),
+            )
+            .await?;
+        self.publish(target, state, offsets, partitions, None, None, input_offset);
+        if let Some(map) = &mut self.file_partitions {
+            map.retain(|p, _| !removed.contains(p));
+        }
+        // Forget the rewritten files' ids: the file table stays as large
+        // as the set of files rows are in.
+        self.state.shrink_files();
+        Ok(())
+    }
+
+    /// This flow's engine opened afresh from the catalog.
+    async fn reopen(&self) -> Result<Engine> {
+        Engine::open_for_log(
+            self.flow.clone(),
+            self.catalog.clone(),
+            self.faults.clone(),
+            self.log.clone(),
+        )
+        .await
     }
 
     /// How many snapshots of the target and the state table would expire
@@ -1062,13 +1083,7 @@ impl Engine {
             };
             attempted.push(snapshot_id);
             let retryable = matches!(error, Error::CommitConflict(_) | Error::Unavailable(_));
-            let fresh = Engine::open_for_log(
-                self.flow.clone(),
-                self.catalog.clone(),
-                self.faults.clone(),
-                self.log.clone(),
-            )
-            .await?;
+            let fresh = self.reopen().await?;
             let landed = attempted
                 .iter()
                 .find(|id| fresh.target.metadata.snapshot_by_id(**id).is_some())
