@@ -199,6 +199,7 @@ pub mod codes {
     pub const KEY_SCHEMA_DRIFT: &str = "AUTOCDC_INVALID_STATE.KEY_SCHEMA_DRIFT";
     pub const PARTITION_DRIFT: &str = "AUTOCDC_INVALID_STATE.PARTITION_DRIFT";
     pub const SCHEMA_DRIFT: &str = "AUTOCDC_INVALID_STATE.SCHEMA_DRIFT";
+    pub const SEQUENCING_TYPE_DRIFT: &str = "AUTOCDC_INVALID_STATE.SEQUENCING_TYPE_DRIFT";
     pub const STATE_SCHEMA: &str = "AUTOCDC_INVALID_STATE.STATE_SCHEMA";
     pub const STATE_SNAPSHOT_MISSING: &str = "AUTOCDC_INVALID_STATE.STATE_SNAPSHOT_MISSING";
     pub const METADATA_MISSING: &str = "AUTOCDC_INVALID_STATE.METADATA_MISSING";
@@ -290,6 +291,11 @@ pub const REGISTRY: &[CodeInfo] = {
         info(KEY_SCHEMA_DRIFT, 409, "the target's keys differ from the definition's"),
         info(PARTITION_DRIFT, 409, "the target's partition spec differs from the definition's"),
         info(SCHEMA_DRIFT, 409, "the target's columns differ from the definition's"),
+        info(
+            SEQUENCING_TYPE_DRIFT,
+            409,
+            "the sequence columns or their types differ from those the state was written with"
+        ),
         info(STATE_SCHEMA, 500, "the state table's schema is not autocdc's"),
         info(STATE_SNAPSHOT_MISSING, 500, "the state snapshot the target points to is gone"),
         info(METADATA_MISSING, 500, "a table's metadata file is missing"),

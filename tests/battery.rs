@@ -187,6 +187,29 @@ fn null_key_rejects_the_whole_batch_naming_row_and_column() {
     assert!(sim.state.is_empty());
 }
 
+/// Spark's AUTO CDC checks the sequence before the key: a row null in both
+/// is NULL_SEQUENCE, even when an earlier row has only a null key.
+#[test]
+fn a_null_sequence_is_reported_before_a_null_key() {
+    let flow = customers();
+    let mut sim = Sim::new(flow.clone());
+    let b = batch(&flow, &[u(1, "A", 1), u(2, "B", 1), u(3, "C", 1)]);
+    let mut cols = b.columns().to_vec();
+    cols[0] = std::sync::Arc::new(arrow_array::Int64Array::from(vec![None, Some(2), None]));
+    cols[3] = std::sync::Arc::new(arrow_array::Int64Array::from(vec![Some(1), Some(1), None]));
+    let b = arrow_array::RecordBatch::try_new(flow.source_arrow.clone(), cols).unwrap();
+    match sim.apply(&b).unwrap_err() {
+        autocdc::Error::Batch {
+            code, row, column, ..
+        } => assert_eq!(
+            (code, row, column.as_str()),
+            (codes::NULL_SEQUENCE, 2, "seq")
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(sim.table().is_empty());
+}
+
 #[test]
 fn null_sequence_rejects_the_whole_batch() {
     let flow = customers();

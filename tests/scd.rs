@@ -289,6 +289,7 @@ fn a_multi_column_sequence_gives_struct_intervals() {
     let rt = rt();
     let tmp = tempfile::tempdir().unwrap();
     let toml = people_toml(SCD2, "crm.people")
+        .replace("track_history_except_column_list = [\"seq\"]\n", "")
         .replace("sequence_by = \"seq\"", "sequence_by = [\"seq\", \"note\"]")
         .replace(
             "stored_as_scd_type = 2",

@@ -424,7 +424,7 @@ impl Flow {
         };
         let deletes = predicate(&config.apply_as_deletes)?;
         let truncates = predicate(&config.apply_as_truncates)?;
-        let tracked = tracked_columns(&config, &target_cols, &key_idx, &seq_idx)?;
+        let tracked = tracked_columns(&config, &target_cols, &key_idx)?;
         let (tombstone_gc, commit, max_key_bytes) = settings(&config)?;
         let maintenance = maintenance_policy(&config)?;
         let compaction = compaction_policy(&config)?;
@@ -830,13 +830,14 @@ fn target_schema(
         .build()?)
 }
 
-/// The columns whose change opens a new SCD Type 2 version: by default
-/// every target column but the keys and the sequence columns.
+/// The columns whose change opens a new SCD Type 2 version. As in Spark's
+/// AUTO CDC, by default every target column but the keys, the sequence
+/// columns included when the target keeps them; a list or an except list
+/// names target columns that are not keys.
 fn tracked_columns(
     config: &FlowConfig,
     target_cols: &[usize],
     key_idx: &[usize],
-    seq_idx: &[usize],
 ) -> Result<Vec<usize>> {
     let f = config.name.as_str();
     let value_cols: Vec<usize> = target_cols
@@ -860,12 +861,12 @@ fn tracked_columns(
                 let mut v = Vec::new();
                 for c in list {
                     let i = find_column(config, c, "track_history_column_list")?;
-                    if !value_cols.contains(&i) || seq_idx.contains(&i) {
+                    if !value_cols.contains(&i) {
                         return Err(Error::definition(
                             f,
                             codes::INVALID_SELECTION,
                             format!(
-                                "track_history_column_list names `{c}`, which is a key, a sequence_by column or not a target column; list target columns that are none of these"
+                                "track_history_column_list names `{c}`, which is a key or not a target column; list target columns that are not keys"
                             ),
                         ));
                     }
@@ -883,14 +884,10 @@ fn tracked_columns(
                 value_cols
                     .iter()
                     .copied()
-                    .filter(|i| !ex.contains(i) && !seq_idx.contains(i))
+                    .filter(|i| !ex.contains(i))
                     .collect()
             }
-            (None, None) => value_cols
-                .iter()
-                .copied()
-                .filter(|i| !seq_idx.contains(i))
-                .collect(),
+            (None, None) => value_cols,
         },
     )
 }
@@ -1263,8 +1260,8 @@ mod tests {
         assert_eq!(fields[3].field_type, fields[2].field_type);
         assert!(!fields[4].required);
         assert_eq!(f.target_schema.identifier_field_ids().count(), 0);
-        // Tracked by default: every value column but the sequence.
-        assert_eq!(f.tracked, vec![1]);
+        // Tracked by default, as in Spark: every value column, the sequence too.
+        assert_eq!(f.tracked, vec![1, 3]);
         assert!(f.keeps_history());
     }
 
@@ -1284,14 +1281,15 @@ mod tests {
         assert_eq!(code_of(c.clone()), codes::INVALID_DEFINITION);
         c.stored_as_scd_type = 2;
         assert!(Flow::new(c.clone()).is_ok());
+        // A sequence column kept in the target may be tracked (Spark's default tracks it).
         c.track_history_column_list = Some(vec!["seq".into()]);
-        assert_eq!(code_of(c.clone()), codes::INVALID_SELECTION);
+        assert_eq!(Flow::new(c.clone()).unwrap().tracked, vec![3]);
         c.track_history_column_list = Some(vec!["id".into()]);
         assert_eq!(code_of(c.clone()), codes::INVALID_SELECTION);
         c.track_history_except_column_list = Some(vec!["city".into()]);
         assert_eq!(code_of(c.clone()), codes::INVALID_SELECTION);
         c.track_history_column_list = None;
-        assert_eq!(Flow::new(c).unwrap().tracked, Vec::<usize>::new());
+        assert_eq!(Flow::new(c).unwrap().tracked, vec![3]);
     }
 
     #[test]

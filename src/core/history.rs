@@ -52,6 +52,12 @@ pub struct HistCodec {
 
 impl HistCodec {
     pub fn new(flow: &Flow) -> Result<HistCodec> {
+        HistCodec::tracking(flow, &flow.tracked)
+    }
+
+    /// The codec with `tracked` (source indices of value columns) as the
+    /// SCD Type 2 tracked set instead of the flow's.
+    pub fn tracking(flow: &Flow, tracked: &[usize]) -> Result<HistCodec> {
         let cols = flow.value_cols();
         let mut convs = Vec::new();
         let mut nulls = Vec::new();
@@ -64,7 +70,7 @@ impl HistCodec {
             convs.push(conv);
         }
         let tracked = if flow.scd2 {
-            flow.tracked
+            tracked
                 .iter()
                 .map(|t| {
                     cols.iter()
@@ -547,7 +553,16 @@ pub fn resolve(
             continue;
         }
 
-        let pending = rewrite_rows(hc, hist, key, old, &mut events, &mut plan, state_complete);
+        let pending = rewrite_rows(
+            hc,
+            hc,
+            hist,
+            key,
+            old,
+            &mut events,
+            &mut plan,
+            state_complete,
+        );
         plan.changes.push(KeyChange {
             key: key.into(),
             events,
@@ -578,11 +593,78 @@ fn rows_by_key(keys: &Rows) -> Vec<(&[u8], Vec<usize>)> {
     order
 }
 
-/// A key's target rows before (`old`) and after (`events`) the batch:
-/// rows in both stay where they are; the others are removed (by position
-/// when known) and inserted. `events` keep the positions of the rows that
-/// stay; returns (event, insert ordinal) of each row to write.
+/// Re-folds every key's events under `hc` where they were folded under
+/// `was` (the SCD Type 2 tracked set changed): the rows that differ are
+/// removed and written again, as for a batch; the events themselves stay,
+/// only where their rows are changes.
+pub fn refold(was: &HistCodec, hc: &HistCodec, hist: &History, state_complete: bool) -> Plan {
+    let mut plan = Plan::default();
+    for (key, old) in hist.iter() {
+        let mut events = old.to_vec();
+        let before = (
+            plan.inserts.len(),
+            plan.remove_positions.len(),
+            plan.remove_rows.len(),
+        );
+        let pending = rewrite_rows(
+            was,
+            hc,
+            hist,
+            key,
+            old,
+            &mut events,
+            &mut plan,
+            state_complete,
+        );
+        let after = (
+            plan.inserts.len(),
+            plan.remove_positions.len(),
+            plan.remove_rows.len(),
+        );
+        if after != before {
+            plan.changes.push(KeyChange {
+                key: key.into(),
+                events,
+                pending,
+            });
+        }
+    }
+    plan.remove_positions.sort_unstable();
+    plan
+}
+
+/// Every key's rows written anew from its events (the target rebuilt from
+/// the state, `autocdc refresh --history`): each version is an insert;
+/// what the target held before goes with the overwrite that commits it.
+pub fn rebuild(hc: &HistCodec, hist: &History) -> Plan {
+    let mut plan = Plan::default();
+    for (key, old) in hist.iter() {
+        let mut events = old.to_vec();
+        let mut pending = Vec::new();
+        for v in fold(hc, &events) {
+            pending.push((v.anchor, plan.inserts.len() as u32));
+            plan.inserts.push(to_out(key, &events, &v));
+        }
+        for e in &mut events {
+            e.loc = None;
+        }
+        plan.changes.push(KeyChange {
+            key: key.into(),
+            events,
+            pending,
+        });
+    }
+    plan
+}
+
+/// A key's target rows before (`old`, folded under `was`) and after
+/// (`events`, folded under `hc`) the batch: rows in both stay where they
+/// are; the others are removed (by position when known) and inserted.
+/// `events` keep the positions of the rows that stay; returns (event,
+/// insert ordinal) of each row to write.
+#[allow(clippy::too_many_arguments)] // one key's rewrite, each input used once
 fn rewrite_rows(
+    was: &HistCodec,
     hc: &HistCodec,
     hist: &History,
     key: &[u8],
@@ -591,7 +673,7 @@ fn rewrite_rows(
     plan: &mut Plan,
     state_complete: bool,
 ) -> Vec<(usize, u32)> {
-    let before = fold(hc, old);
+    let before = fold(was, old);
     let after = fold(hc, events);
     let mut olds: Vec<(u64, &Version, bool)> = before
         .iter()

@@ -149,9 +149,10 @@ fn first_null(a: &ArrayRef) -> Option<usize> {
 /// A truncate (`apply_as_truncates`) needs no key.
 pub fn validate(flow: &Flow, batch: &RecordBatch) -> Result<()> {
     let truncates = mask(flow, flow.truncates.as_ref(), batch)?;
+    // Sequences first, as Spark's AUTO CDC: a row null in both is NULL_SEQUENCE.
     for (idxs, code, what) in [
-        (&flow.key_idx, codes::NULL_KEY, "key"),
         (&flow.seq_idx, codes::NULL_SEQUENCE, "sequence"),
+        (&flow.key_idx, codes::NULL_KEY, "key"),
     ] {
         for &i in idxs.iter() {
             let null = match &truncates {

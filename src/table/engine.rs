@@ -49,6 +49,20 @@ pub const PROP_STATE_COMPLETE: &str = "autocdc.state-complete";
 pub const PROP_TRUNCATED_BELOW: &str = "autocdc.truncated-below";
 /// `from_snapshot` flows: the version of the last snapshot applied.
 pub const PROP_SNAPSHOT_VERSION: &str = "autocdc.snapshot-version";
+/// SCD Type 2: the tracked columns the target's rows were folded with, a
+/// JSON list of names. Absent on targets of earlier versions, which
+/// tracked every value column but the sequence columns (or the list given).
+pub const PROP_TRACK_HISTORY: &str = "autocdc.track-history";
+
+/// The snapshot a commit makes of the target.
+enum Mode {
+    /// Rows added and removed (`append` or `overwrite`).
+    Delta,
+    /// A compaction: files rewritten, nothing changed (`replace`).
+    Compaction(Rewrite),
+    /// The target's rows replaced whole (`overwrite` of everything).
+    Rebuild,
+}
 
 /// What one apply takes in: changes, or (`from_snapshot` flows) a whole
 /// snapshot of the source with its version.
@@ -100,6 +114,14 @@ enum Failure {
 impl<E: Into<Error>> From<E> for Failure {
     fn from(e: E) -> Self {
         Failure::Other(e.into())
+    }
+}
+
+impl Failure {
+    fn into_error(self) -> Error {
+        match self {
+            Failure::AtCommit { error, .. } | Failure::Other(error) => error,
+        }
     }
 }
 
@@ -197,6 +219,19 @@ struct Planned {
     floor: Option<Option<Box<[u8]>>>,
     floor_raised: bool,
     snapshot_version: Option<i64>,
+}
+
+impl Planned {
+    /// A plan made from the state alone (no input batch).
+    fn of(plan: Plan) -> Planned {
+        Planned {
+            plan,
+            rewritten: None,
+            floor: None,
+            floor_raised: false,
+            snapshot_version: None,
+        }
+    }
 }
 
 /// The target files of one commit, written and not yet committed.
@@ -318,6 +353,9 @@ pub struct Engine {
     file_partitions: Option<HashMap<String, (i32, Struct)>>,
     /// Data files the state points into that another writer removed.
     gone_files: usize,
+    /// SCD Type 2: the tracked set (source indices) the target's rows are
+    /// folded with; when it is not the flow's, the next apply re-folds first.
+    folded_with: Vec<usize>,
 }
 
 fn target_properties(flow: &Flow) -> HashMap<String, String> {
@@ -359,6 +397,44 @@ async fn ensure_properties(
             }],
         )
         .await
+}
+
+/// The tracked set (source indices, sorted) an SCD Type 2 target's rows
+/// were folded with, as its latest snapshot of this flow records it.
+fn recorded_tracking(flow: &Flow, marker: &HashMap<String, String>) -> Result<Vec<usize>> {
+    let Some(json) = marker.get(PROP_TRACK_HISTORY) else {
+        // Written before the property: the sequence columns were never tracked.
+        return Ok(flow
+            .tracked
+            .iter()
+            .copied()
+            .filter(|c| !flow.seq_idx.contains(c))
+            .collect());
+    };
+    let bad = |message: String| Error::State {
+        code: codes::SCHEMA_DRIFT,
+        message: format!("flow `{}`: {PROP_TRACK_HISTORY} {message}", flow.name),
+    };
+    let names: Vec<String> =
+        serde_json::from_str(json).map_err(|e| bad(format!("is unreadable: {e}")))?;
+    let value_cols = flow.value_cols();
+    let mut out = names
+        .iter()
+        .map(|n| {
+            value_cols
+                .iter()
+                .copied()
+                .find(|&c| flow.column_name(c) == n)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "names `{n}`, which is not a value column of the flow"
+                    ))
+                })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
 }
 
 /// The id of the latest snapshot of the target this flow wrote.
@@ -473,15 +549,37 @@ fn check_schema(flow: &Flow, meta: &TableMetadata) -> Result<()> {
     Ok(())
 }
 
+/// An existing target (and its state table, when there is one) against
+/// the definition: the state's keys and sequence first (Spark's order), then
+/// the target's partitioning, keys and columns.
+fn check_drift(flow: &Flow, target: &TableState, state: Option<&TableState>) -> Result<()> {
+    if let Some(s) = state {
+        state_table::check(flow, s.metadata.current_schema())?;
+    }
+    check_schema(flow, &target.metadata)
+}
+
 /// The target and the state table, each created when missing (the target
 /// checked against the definition when it exists).
 async fn open_tables(flow: &Flow, catalog: &dyn Catalog) -> Result<(TableState, TableState)> {
+    let state_ident = flow.state_ident();
+    let mut state_tbl = catalog.load_table(&state_ident).await?;
     let target = match catalog.load_table(&flow.target).await? {
         Some(t) => {
-            check_schema(flow, &t.metadata)?;
+            check_drift(flow, &t, state_tbl.as_ref())?;
             ensure_properties(flow, catalog, t).await?
         }
         None => {
+            if state_tbl.take().is_some() {
+                // The target was dropped without its state, which describes
+                // rows that are gone (and may be of another definition).
+                tracing::warn!(
+                    flow = %flow.name,
+                    state = %state_ident,
+                    "the target is gone but its state table is not: dropping the state"
+                );
+                catalog.drop_table(&state_ident).await?;
+            }
             catalog
                 .create_table(
                     &flow.target,
@@ -492,8 +590,7 @@ async fn open_tables(flow: &Flow, catalog: &dyn Catalog) -> Result<(TableState, 
                 .await?
         }
     };
-    let state_ident = flow.state_ident();
-    let state_tbl = match catalog.load_table(&state_ident).await? {
+    let state_tbl = match state_tbl {
         Some(t) => ensure_properties(flow, catalog, t).await?,
         None => {
             let mut props = maintain::created_table_properties();
@@ -556,7 +653,10 @@ impl Engine {
     /// drift checks of `open`, without creating tables or reading the state.
     pub async fn check_target(flow: &Flow, catalog: &dyn Catalog) -> Result<()> {
         match catalog.load_table(&flow.target).await? {
-            Some(t) => check_schema(flow, &t.metadata),
+            Some(t) => {
+                let state = catalog.load_table(&flow.state_ident()).await?;
+                check_drift(flow, &t, state.as_ref())
+            }
             None => Ok(()),
         }
     }
@@ -609,7 +709,12 @@ impl Engine {
             None => None,
         };
         let snapshot_version = marker.as_ref().and_then(|m| num(m, PROP_SNAPSHOT_VERSION));
+        let folded_with = match (&marker, state_snapshot) {
+            (Some(m), Some(_)) if flow.scd2 => recorded_tracking(&flow, m)?,
+            _ => flow.tracked.clone(),
+        };
         let mut engine = Engine {
+            folded_with,
             snapshot_version,
             floor,
             partitioner,
@@ -807,15 +912,7 @@ impl Engine {
             report.elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
             return Ok(report);
         }
-        if self.poisoned {
-            return Err(Error::State {
-                code: codes::REOPEN,
-                message: format!(
-                    "flow `{}`: a previous commit failed; reopen the flow",
-                    self.flow.name
-                ),
-            });
-        }
+        self.usable()?;
         self.poisoned = true;
         let schema = meta.current_schema().clone();
         let spec_id = meta.default_partition_spec_id();
@@ -939,7 +1036,7 @@ impl Engine {
                 None,
                 input_offset,
                 now_ms,
-                Some(rewrite),
+                Mode::Compaction(rewrite),
             )
             .await?;
         self.publish(target, state, offsets, partitions, None, None, input_offset);
@@ -950,6 +1047,87 @@ impl Engine {
         // as the set of files rows are in.
         self.state.shrink_files();
         Ok(())
+    }
+
+    /// An engine whose commit failed midway must be reopened before it commits again.
+    fn usable(&self) -> Result<()> {
+        if self.poisoned {
+            return Err(Error::State {
+                code: codes::REOPEN,
+                message: format!(
+                    "flow `{}`: a previous commit failed; reopen the flow",
+                    self.flow.name
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// SCD Type 2 whose tracked set changed since the target's rows were
+    /// folded: one commit re-folds every key's events in the state under
+    /// the flow's set. Only the rows that differ are removed and written;
+    /// no input is read and the offsets stay.
+    async fn refold(&mut self, now_ms: i64) -> Result<CommitReport> {
+        self.usable()?;
+        let clock = std::time::Instant::now();
+        let plan = self
+            .state
+            .refold(&self.flow, &self.folded_with, self.state_complete)?;
+        let names = |cols: &[usize]| {
+            cols.iter()
+                .map(|&c| self.flow.column_name(c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        tracing::info!(
+            flow = %self.flow.name,
+            was = %names(&self.folded_with),
+            now = %names(&self.flow.tracked),
+            "the tracked columns changed: re-folding the history under the new set"
+        );
+        self.folded_with = self.flow.tracked.clone();
+        let empty = RecordBatch::new_empty(self.flow.source_arrow.clone());
+        self.commit_planned(
+            Planned::of(plan),
+            &empty,
+            now_ms,
+            self.input_offset,
+            self.offsets.clone(),
+            Mode::Delta,
+            clock,
+        )
+        .await
+        .map_err(Failure::into_error)
+    }
+
+    /// `autocdc refresh --history`: the target's rows replaced whole by the
+    /// fold of every key's events in the state, in one overwrite commit (a
+    /// history flow's state holds every value it applied). Rows another
+    /// writer added go; the offsets stay.
+    pub async fn rebuild(&mut self, now_ms: i64) -> Result<CommitReport> {
+        self.usable()?;
+        let clock = std::time::Instant::now();
+        let plan = self.state.rebuild(&self.flow)?;
+        self.folded_with = self.flow.tracked.clone();
+        self.state_complete = true;
+        let empty = RecordBatch::new_empty(self.flow.source_arrow.clone());
+        let report = self
+            .commit_planned(
+                Planned::of(plan),
+                &empty,
+                now_ms,
+                self.input_offset,
+                self.offsets.clone(),
+                Mode::Rebuild,
+                clock,
+            )
+            .await
+            .map_err(Failure::into_error)?;
+        // Every row is in a new file: forget the old ones.
+        self.file_partitions = None;
+        self.gone_files = 0;
+        self.state.shrink_files();
+        Ok(report)
     }
 
     /// This flow's engine opened afresh from the catalog.
@@ -1070,6 +1248,9 @@ impl Engine {
                 message: "this flow is from_snapshot: send whole snapshots with a version (POST /v1/flows/{flow}/snapshots?version=V, or autocdc apply --snapshot-version V)".into(),
             });
         }
+        if self.flow.scd2 && self.folded_with != self.flow.tracked {
+            self.refold(now_ms).await?;
+        }
         let mut attempted: Vec<i64> = Vec::new();
         let mut delay = std::time::Duration::from_millis(50);
         loop {
@@ -1120,20 +1301,44 @@ impl Engine {
         now_ms: i64,
         input_offset: i64,
     ) -> std::result::Result<CommitReport, Failure> {
-        if self.poisoned {
-            return Err(Failure::Other(Error::State {
-                code: codes::REOPEN,
-                message: format!(
-                    "flow `{}`: a previous commit failed; reopen the flow",
-                    self.flow.name
-                ),
-            }));
-        }
-        let mut clock = std::time::Instant::now();
+        self.usable()?;
+        let clock = std::time::Instant::now();
         if let Some(report) = self.skip_old_snapshot(input) {
             return Ok(report);
         }
-        let planned = self.plan(input, now_ms)?;
+        let mut planned = self.plan(input, now_ms)?;
+        let rewritten = planned.rewritten.take();
+        let batch = rewritten.as_ref().unwrap_or(input.rows_batch());
+        let offsets = match &self.log {
+            Some(log) => offsets::record(&self.offsets, log, input_offset, now_ms),
+            None => self.offsets.clone(),
+        };
+        self.commit_planned(
+            planned,
+            batch,
+            now_ms,
+            input_offset,
+            offsets,
+            Mode::Delta,
+            clock,
+        )
+        .await
+    }
+
+    /// Phases 2 to 5 of a planned commit: write target files, persist
+    /// state, commit the target (`mode`), publish. `batch`: the rows the
+    /// plan refers to.
+    #[allow(clippy::too_many_arguments)] // the commit's inputs, each used once
+    async fn commit_planned(
+        &mut self,
+        planned: Planned,
+        batch: &RecordBatch,
+        now_ms: i64,
+        input_offset: i64,
+        offsets: Offsets,
+        mode: Mode,
+        mut clock: std::time::Instant,
+    ) -> std::result::Result<CommitReport, Failure> {
         let mut report = CommitReport {
             stats: planned.plan.stats(),
             input_offset: self.input_offset,
@@ -1143,11 +1348,14 @@ impl Engine {
         report.timings.resolve_ms = ms_since(&mut clock);
         // A raised truncate floor or a new snapshot version is committed
         // even when no row changes (no files are written then).
-        if planned.plan.is_empty() && !planned.floor_raised && planned.snapshot_version.is_none() {
+        if planned.plan.is_empty()
+            && !planned.floor_raised
+            && planned.snapshot_version.is_none()
+            && !matches!(mode, Mode::Rebuild)
+        {
             return Ok(report);
         }
         self.poisoned = true;
-        let batch = planned.rewritten.as_ref().unwrap_or(input.rows_batch());
         let files = self.write_target_files(batch, &planned.plan).await?;
         report.timings.target_files_ms = ms_since(&mut clock);
         report.data_files = files.data.len();
@@ -1163,10 +1371,6 @@ impl Engine {
         let state = self
             .persist_state(planned.plan, &files.locs, now_ms, &mut report, &mut clock)
             .await?;
-        let offsets = match &self.log {
-            Some(log) => offsets::record(&self.offsets, log, input_offset, now_ms),
-            None => self.offsets.clone(),
-        };
         let (target, snapshot_id) = self
             .commit_target(
                 files.data,
@@ -1177,7 +1381,7 @@ impl Engine {
                 planned.snapshot_version,
                 input_offset,
                 now_ms,
-                None,
+                mode,
             )
             .await?;
         report.timings.commits_ms = ms_since(&mut clock);
@@ -1423,9 +1627,9 @@ impl Engine {
         let started = std::time::Instant::now();
         let file_io = self.catalog.file_io().clone();
         let smeta = self.state_tbl.metadata.clone();
-        let delta = RecordBatch::try_new(
+        let delta = state_table::conform(
+            &delta,
             Arc::new(schema_to_arrow_schema(smeta.current_schema())?),
-            delta.columns().to_vec(),
         )?;
         let mut snamer = FileNamer::new(smeta.location());
         let sfile = write::single_data_file(
@@ -1499,7 +1703,7 @@ impl Engine {
         snapshot_version: Option<i64>,
         input_offset: i64,
         now_ms: i64,
-        rewrite: Option<Rewrite>,
+        mode: Mode,
     ) -> std::result::Result<(TableState, i64), Failure> {
         let mut properties = HashMap::from([
             (PROP_FLOW.to_string(), self.flow.name.clone()),
@@ -1526,6 +1730,22 @@ impl Engine {
         if let Some(v) = snapshot_version.or(self.snapshot_version) {
             properties.insert(PROP_SNAPSHOT_VERSION.to_string(), v.to_string());
         }
+        if self.flow.scd2 {
+            let names: Vec<&str> = self
+                .folded_with
+                .iter()
+                .map(|&c| self.flow.column_name(c))
+                .collect();
+            properties.insert(
+                PROP_TRACK_HISTORY.to_string(),
+                serde_json::to_string(&names)?,
+            );
+        }
+        let (replace, rewrite) = match mode {
+            Mode::Delta => (false, None),
+            Mode::Compaction(r) => (false, Some(r)),
+            Mode::Rebuild => (true, None),
+        };
         let produced = row_delta::produce(
             self.catalog.file_io(),
             &self.target,
@@ -1533,7 +1753,7 @@ impl Engine {
                 data,
                 deletes,
                 base_snapshot: self.target.metadata.current_snapshot_id(),
-                replace: false,
+                replace,
                 properties,
                 now_ms,
                 rewrite,

@@ -200,6 +200,33 @@ impl FlowState {
         })
     }
 
+    /// SCD Type 2 whose target rows were folded with the tracked set `was`
+    /// (source indices): the plan that re-folds every key under the flow's.
+    pub fn refold(&self, flow: &Flow, was: &[usize], state_complete: bool) -> Result<Plan> {
+        match self {
+            FlowState::History { codec: hc, events } => {
+                let before = HistCodec::tracking(flow, was)?;
+                Ok(Plan::History(history::refold(
+                    &before,
+                    hc,
+                    events,
+                    state_complete,
+                )))
+            }
+            FlowState::Keys(_) => Err(no_history(flow, "re-folded")),
+        }
+    }
+
+    /// The plan that writes every key's rows anew from its events.
+    pub fn rebuild(&self, flow: &Flow) -> Result<Plan> {
+        match self {
+            FlowState::History { codec: hc, events } => {
+                Ok(Plan::History(history::rebuild(hc, events)))
+            }
+            FlowState::Keys(_) => Err(no_history(flow, "rebuilt from its state")),
+        }
+    }
+
     /// The target rows `plan` writes and removes (`batch`: the batch it was
     /// planned from; `target`: the target's Arrow schema).
     pub fn target_rows(
@@ -303,6 +330,18 @@ impl FlowState {
             FlowState::Keys(index) => index.clear_dirty(),
             FlowState::History { events, .. } => events.clear_dirty(),
         }
+    }
+}
+
+/// An SCD Type 1 flow's state keeps sequences, not values.
+fn no_history(flow: &Flow, what: &str) -> Error {
+    Error::Definition {
+        code: codes::UNSUPPORTED,
+        flow: flow.name.clone(),
+        message: format!(
+            "the target cannot be {what}: an SCD Type 1 flow without ignore_null_updates keeps no values in its state; rebuild it from the source with `autocdc refresh --full {}`",
+            flow.name
+        ),
     }
 }
 

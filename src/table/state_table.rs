@@ -133,6 +133,79 @@ pub fn schema(flow: &Flow) -> Result<Schema> {
         .build()?)
 }
 
+/// The existing state table of `flow` against its definition: the key
+/// columns and the sequence columns (names, types and, for sequences,
+/// order) must be those the state was written with, or it would not load
+/// as written. A mismatch names the column and the way out.
+pub fn check(flow: &Flow, have: &Schema) -> Result<()> {
+    let want = schema(flow)?;
+    let split = |s: &Schema| {
+        let (mut keys, mut seqs) = (Vec::new(), Vec::new());
+        for f in s.as_struct().fields() {
+            let t = f.field_type.to_string();
+            if let Some(n) = f.name.strip_prefix("__autocdc_seq_") {
+                seqs.push((n.to_string(), t));
+            } else if !f.name.starts_with("__autocdc_") {
+                keys.push((f.name.clone(), t));
+            }
+        }
+        (keys, seqs)
+    };
+    let ((hk, hs), (wk, ws)) = (split(have), split(&want));
+    let names = |v: &[(String, String)]| {
+        let mut n: Vec<&str> = v.iter().map(|(n, _)| n.as_str()).collect();
+        n.sort_unstable();
+        n.join(", ")
+    };
+    let refresh = format!(
+        "change the flow back, or rebuild the target and its state with `autocdc refresh --full {}`",
+        flow.name
+    );
+    let drift = |code, message: String| {
+        Err(Error::State {
+            code,
+            message: format!(
+                "flow `{}`: {message} in the state of the existing target {}; {refresh}",
+                flow.name, flow.target
+            ),
+        })
+    };
+    if names(&hk) != names(&wk) {
+        return drift(
+            codes::KEY_SCHEMA_DRIFT,
+            format!(
+                "the keys are [{}] but they were [{}]",
+                names(&wk),
+                names(&hk)
+            ),
+        );
+    }
+    for (n, t) in &wk {
+        if let Some((_, ht)) = hk.iter().find(|(h, _)| h == n).filter(|(_, ht)| ht != t) {
+            return drift(
+                codes::KEY_SCHEMA_DRIFT,
+                format!("key column `{n}` is {t} in the flow but {ht}"),
+            );
+        }
+    }
+    let list = |v: &[(String, String)]| {
+        v.iter()
+            .map(|(n, t)| format!("{n} {t}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if hs.len() != ws.len() || hs.iter().zip(&ws).any(|(h, w)| h != w) {
+        let detail = match hs.iter().zip(&ws).find(|(h, w)| h.0 == w.0 && h.1 != w.1) {
+            Some(((n, ht), (_, wt))) => {
+                format!("sequence column `{n}` is {wt} in the flow but {ht}")
+            }
+            None => format!("sequence_by is [{}] but it was [{}]", list(&ws), list(&hs)),
+        };
+        return drift(codes::SEQUENCING_TYPE_DRIFT, detail);
+    }
+    Ok(())
+}
+
 pub fn arrow_schema(flow: &Flow) -> Result<SchemaRef> {
     Ok(Arc::new(schema_to_arrow_schema(&schema(flow)?)?))
 }
@@ -232,8 +305,6 @@ pub fn load(
     state: &mut KeyIndex,
     batches: &[RecordBatch],
 ) -> Result<usize> {
-    let nk = flow.key_idx.len();
-    let ns = flow.seq_idx.len();
     // Order all rows by generation so that later entries overwrite earlier ones.
     let mut order: Vec<(i64, usize, usize)> = Vec::new();
     for (b, batch) in batches.iter().enumerate() {
@@ -246,19 +317,9 @@ pub fn load(
     }
     order.sort_unstable();
     let mut encoded = Vec::with_capacity(batches.len());
-    let cast_to = |cols: &[ArrayRef], idx: &[usize]| -> Result<Vec<ArrayRef>> {
-        cols.iter()
-            .zip(idx)
-            .map(|(c, &i)| Ok(arrow_cast::cast(c, flow.source_arrow.field(i).data_type())?))
-            .collect()
-    };
     for batch in batches {
-        let keys = codec
-            .keys
-            .convert_columns(&cast_to(&batch.columns()[..nk], &flow.key_idx)?)?;
-        let seqs = codec
-            .seqs
-            .convert_columns(&cast_to(&batch.columns()[nk..nk + ns], &flow.seq_idx)?)?;
+        let keys = codec.keys.convert_columns(&key_columns(flow, batch)?)?;
+        let seqs = codec.seqs.convert_columns(&seq_columns(flow, batch)?)?;
         let fp = column(batch, COL_FINGERPRINT)?
             .as_primitive::<Int64Type>()
             .clone();
@@ -296,6 +357,40 @@ pub fn load(
     }
     state.clear_dirty();
     Ok(order.len())
+}
+
+/// The key columns of a state batch, by name (the definition may list the
+/// keys in another order than the table has them), as the source types.
+fn key_columns(flow: &Flow, batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
+    flow.key_idx
+        .iter()
+        .map(|&i| {
+            let c = column(batch, flow.column_name(i))?;
+            Ok(arrow_cast::cast(c, flow.source_arrow.field(i).data_type())?)
+        })
+        .collect()
+}
+
+/// The sequence columns of a state batch, by name, as the source types.
+fn seq_columns(flow: &Flow, batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
+    flow.seq_idx
+        .iter()
+        .map(|&i| {
+            let c = column(batch, &seq_col(flow.column_name(i)))?;
+            Ok(arrow_cast::cast(c, flow.source_arrow.field(i).data_type())?)
+        })
+        .collect()
+}
+
+/// `batch` (built in the definition's column order) in the order of the
+/// state table's schema `to`, column by column by name.
+pub fn conform(batch: &RecordBatch, to: SchemaRef) -> Result<RecordBatch> {
+    let cols = to
+        .fields()
+        .iter()
+        .map(|f| column(batch, f.name()).cloned())
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new(to, cols)?)
 }
 
 fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
@@ -359,24 +454,12 @@ pub fn load_history(
     hist: &mut History,
     batches: &[RecordBatch],
 ) -> Result<usize> {
-    let nk = flow.key_idx.len();
-    let ns = flow.seq_idx.len();
-    let cast_to = |cols: &[ArrayRef], idx: &[usize]| -> Result<Vec<ArrayRef>> {
-        cols.iter()
-            .zip(idx)
-            .map(|(c, &i)| Ok(arrow_cast::cast(c, flow.source_arrow.field(i).data_type())?))
-            .collect()
-    };
     // Per key: (generation, events).
     let mut keys: HashMap<Box<[u8]>, (i64, Vec<Event>)> = HashMap::new();
     let mut total = 0;
     for batch in batches {
-        let k = codec
-            .keys
-            .convert_columns(&cast_to(&batch.columns()[..nk], &flow.key_idx)?)?;
-        let s = codec
-            .seqs
-            .convert_columns(&cast_to(&batch.columns()[nk..nk + ns], &flow.seq_idx)?)?;
+        let k = codec.keys.convert_columns(&key_columns(flow, batch)?)?;
+        let s = codec.seqs.convert_columns(&seq_columns(flow, batch)?)?;
         let g = column(batch, COL_GENERATION)?.as_primitive::<Int64Type>();
         let fp = column(batch, COL_FINGERPRINT)?.as_primitive::<Int64Type>();
         let del = column(batch, COL_DELETED_AT)?.as_primitive::<Int64Type>();

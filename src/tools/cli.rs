@@ -88,13 +88,19 @@ pub enum Command {
         /// The target `namespace.table` (or the flow name).
         table: String,
     },
-    /// Drop a flow's target and state so that the next apply rebuilds both.
+    /// Rebuild a flow's target: `--full` drops the target and its state so
+    /// that the next apply rebuilds both from its input; `--history`
+    /// rewrites the target from the state (SCD Type 2 or
+    /// ignore_null_updates flows), with no input.
     Refresh {
         #[arg(long, default_value = "autocdc.toml")]
         config: PathBuf,
-        /// Required: a full refresh deletes the target table's data.
-        #[arg(long)]
+        /// Drop the target and its state (deletes the target table's data).
+        #[arg(long, conflicts_with = "history")]
         full: bool,
+        /// Replace the target's rows by those the state's events fold into, in one commit.
+        #[arg(long)]
+        history: bool,
         flow: String,
     },
     /// Maintain flows' tables now: compact small files and their deletes,
@@ -246,7 +252,12 @@ pub async fn run(cli: Cli) -> Result<()> {
             limit,
         } => show(&config, warehouse, &table, limit).await,
         Command::State { config, table } => state(&config, &table).await,
-        Command::Refresh { config, full, flow } => refresh(&config, full, &flow).await,
+        Command::Refresh {
+            config,
+            full,
+            history,
+            flow,
+        } => refresh(&config, full, history, &flow).await,
         Command::Maintain {
             config,
             flow,
@@ -524,16 +535,29 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
-/// `autocdc refresh --full`: drops the target and its state.
-async fn refresh(config: &Path, full: bool, flow: &str) -> Result<()> {
-    if !full {
+/// `autocdc refresh --full`: drops the target and its state;
+/// `autocdc refresh --history`: rewrites the target from the state.
+async fn refresh(config: &Path, full: bool, history: bool, flow: &str) -> Result<()> {
+    if !full && !history {
         return Err(Error::Config(
-            "only `refresh --full` exists: it drops the target and its state".into(),
+            "say which refresh: `--full` drops the target and its state (the next apply rebuilds both from its input); `--history` rewrites the target from the state of an SCD Type 2 or ignore_null_updates flow".into(),
         ));
     }
     let config = load_config(config)?;
     let flow = config.flow(flow)?;
     let catalog = open_catalog(&config.catalog)?;
+    if history {
+        let mut engine = Engine::open(flow.clone(), catalog, Arc::new(Faults::default())).await?;
+        let r = engine.rebuild(now_ms()).await?;
+        println!(
+            "rewrote {} from its state: {} rows in {} data files (snapshot {})",
+            flow.target,
+            r.rows_written,
+            r.data_files,
+            r.snapshot_id.map_or("none".into(), |s| s.to_string())
+        );
+        return Ok(());
+    }
     let t = catalog.drop_table(&flow.target).await?;
     let s = catalog.drop_table(&flow.state_ident()).await?;
     println!(
