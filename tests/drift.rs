@@ -22,6 +22,7 @@ const IGNORE_NULLS_SCD1: Shape = Shape {
     untracked_note: false,
     ignore_nulls: true,
     ties_error: false,
+    city_only_nulls: false,
 };
 
 fn catalog(dir: &std::path::Path) -> Arc<dyn Catalog> {
@@ -413,5 +414,71 @@ fn a_target_dropped_without_its_state_starts_afresh() {
         let mut engine = open_engine(&cat, &rekeyed).await;
         apply_all(&mut engine, &rekeyed, &[vec![up(1, "Kent", "k", 1)]], 30).await;
         assert_eq!(table_rows(&engine).await, want);
+    });
+}
+
+/// Spark's column-subset form of ignore_null_updates: only the listed
+/// columns keep their value on a null, the others take it. Changing the
+/// set between runs re-folds the rows, as a changed tracked set does.
+#[test]
+fn null_ignoring_columns_are_a_list_and_a_changed_list_refolds() {
+    let rt = rt();
+    let tmp = tempfile::tempdir().unwrap();
+    let cat = catalog(tmp.path());
+    let with = |target: &str, shape: Shape, line: &str| {
+        let toml = people_toml(shape, target).replace("ignore_null_updates = true", line);
+        Flow::new(toml::from_str(&toml).unwrap()).unwrap()
+    };
+    let evs =
+        |batches: &[&[PEv]]| -> Vec<Vec<PEv>> { batches.iter().map(|b| b.to_vec()).collect() };
+    let first = evs(&[
+        &[up(1, "Leeds", "a", 1), up(2, "York", "x", 1)],
+        &[(1, false, None, None, 2), (2, false, Some("Hull"), None, 2)],
+    ]);
+    let second = evs(&[&[(1, false, None, Some("b"), 3)]]);
+    let lists = [
+        "ignore_null_updates = true",
+        "ignore_null_updates_column_list = [\"city\"]",
+        "ignore_null_updates_except_column_list = [\"city\"]",
+    ];
+    rt.block_on(async {
+        for shape in [
+            IGNORE_NULLS_SCD1,
+            Shape {
+                ignore_nulls: true,
+                ..SCD2
+            },
+        ] {
+            // Only `city` keeps its value: key 1's note is taken as null.
+            let flow = with(&format!("crm.city_only_{}", shape.scd2), shape, lists[1]);
+            let mut engine = open_engine(&cat, &flow).await;
+            apply_all(&mut engine, &flow, &first, 1).await;
+            let got = table_rows(&engine).await;
+            let mut key1: Vec<String> = ["1", "Leeds", "NULL", "2"].map(String::from).to_vec();
+            if shape.scd2 {
+                key1.extend(["2".to_string(), "NULL".to_string()]);
+            }
+            assert!(got.contains(&key1), "{got:?}");
+            for (i, was) in lists.iter().enumerate() {
+                for (j, now) in lists.iter().enumerate() {
+                    if i == j {
+                        continue;
+                    }
+                    let target = format!("crm.nulls_{}_{i}_{j}", shape.scd2);
+                    let (a, b) = (with(&target, shape, was), with(&target, shape, now));
+                    let mut engine = open_engine(&cat, &a).await;
+                    apply_all(&mut engine, &a, &first, 1).await;
+                    let mut engine = open_engine(&cat, &b).await;
+                    apply_all(&mut engine, &b, &second, 10).await;
+                    let fresh_flow = with(&format!("{target}_fresh"), shape, now);
+                    let mut fresh = open_engine(&cat, &fresh_flow).await;
+                    let all: Vec<Vec<PEv>> = first.iter().chain(&second).cloned().collect();
+                    apply_all(&mut fresh, &fresh_flow, &all, 1).await;
+                    let want = table_rows(&fresh).await;
+                    assert_eq!(table_rows(&engine).await, want, "`{was}` then `{now}`");
+                    assert_eq!(table_rows(&open_engine(&cat, &b).await).await, want);
+                }
+            }
+        }
     });
 }

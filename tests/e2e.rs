@@ -247,6 +247,7 @@ fn ignore_null_updates_people_through_the_hadoop_catalog_with_restarts() {
         untracked_note: false,
         ignore_nulls: true,
         ties_error: false,
+        city_only_nulls: false,
     };
     let rows = history_table(shape, "history.people_partial");
     // The nulls matter: without ignore_null_updates the table differs.

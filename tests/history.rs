@@ -120,7 +120,37 @@ proptest! {
         cuts in prop::collection::vec(any::<bool>(), 50),
         restarts in prop::collection::vec(any::<bool>(), 50),
     ) {
-        run(Shape { scd2: false, untracked_note: false, ignore_nulls: true, ties_error: false }, &changes, order_seed, &cuts, &restarts)?;
+        run(Shape { scd2: false, untracked_note: false, ignore_nulls: true, ties_error: false, city_only_nulls: false }, &changes, order_seed, &cuts, &restarts)?;
+    }
+
+    #[test]
+    fn scd1_ignoring_nulls_of_one_column_only(
+        changes in changes(),
+        order_seed in any::<u64>(),
+        cuts in prop::collection::vec(any::<bool>(), 50),
+        restarts in prop::collection::vec(any::<bool>(), 50),
+    ) {
+        run(Shape { scd2: false, untracked_note: false, ignore_nulls: true, ties_error: false, city_only_nulls: true }, &changes, order_seed, &cuts, &restarts)?;
+    }
+
+    #[test]
+    fn scd1_ignoring_nulls_of_one_column_with_ties_rejected(
+        changes in changes(),
+        order_seed in any::<u64>(),
+        cuts in prop::collection::vec(any::<bool>(), 50),
+        restarts in prop::collection::vec(any::<bool>(), 50),
+    ) {
+        run(Shape { scd2: false, untracked_note: false, ignore_nulls: true, ties_error: true, city_only_nulls: true }, &changes, order_seed, &cuts, &restarts)?;
+    }
+
+    #[test]
+    fn scd2_ignoring_nulls_of_one_column_only(
+        changes in changes(),
+        order_seed in any::<u64>(),
+        cuts in prop::collection::vec(any::<bool>(), 50),
+        restarts in prop::collection::vec(any::<bool>(), 50),
+    ) {
+        run(Shape { ignore_nulls: true, city_only_nulls: true, ..SCD2 }, &changes, order_seed, &cuts, &restarts)?;
     }
 
     #[test]
@@ -130,6 +160,6 @@ proptest! {
         cuts in prop::collection::vec(any::<bool>(), 50),
         restarts in prop::collection::vec(any::<bool>(), 50),
     ) {
-        run(Shape { scd2: false, untracked_note: false, ignore_nulls: true, ties_error: true }, &changes, order_seed, &cuts, &restarts)?;
+        run(Shape { scd2: false, untracked_note: false, ignore_nulls: true, ties_error: true, city_only_nulls: false }, &changes, order_seed, &cuts, &restarts)?;
     }
 }

@@ -188,6 +188,7 @@ const IGNORE_NULLS_SCD1: Shape = Shape {
     untracked_note: false,
     ignore_nulls: true,
     ties_error: false,
+    city_only_nulls: false,
 };
 
 #[test]

@@ -2930,3 +2930,101 @@ fn databricks_users_example_scd2_and_tracked_columns() {
         ],
     );
 }
+
+// ---------------------------------------------------------------------------
+// Names: case-insensitive resolution, backtick-quoted identifiers
+// ---------------------------------------------------------------------------
+
+/// Spark: Scd1ForeachBatchHandlerSuite / Scd2ForeachBatchHandlerSuite, the
+/// case-insensitive resolution tests (Spark's default resolver): keys,
+/// sequence and column lists name columns in any case, and so do the
+/// input's fields.
+#[test]
+fn names_resolve_regardless_of_case() {
+    for (scd, expected) in [
+        ("1", vec![vec!["1", "b"]]),
+        (
+            "2",
+            vec![vec!["1", "a", "1", "2"], vec!["1", "b", "2", "NULL"]],
+        ),
+    ] {
+        let toml = format!(
+            r#"
+keys = ["ID"]
+sequence_by = "Seq"
+except_column_list = ["SEQ"]
+stored_as_scd_type = {scd}
+columns = [
+  {{ name = "id", type = "int" }},
+  {{ name = "Value", type = "string" }},
+  {{ name = "seq", type = "long" }},
+]
+"#
+        );
+        let expected: Vec<&[&str]> = expected.iter().map(|r| r.as_slice()).collect();
+        scenario(
+            &toml,
+            &[
+                r#"{"Id": 1, "VALUE": "a", "SEQ": 1}"#,
+                r#"{"id": 1, "value": "b", "seq": 2}"#,
+            ],
+            &expected,
+        );
+    }
+}
+
+/// `case_sensitive = true`: exact names only, in the definition and the input.
+#[test]
+fn case_sensitive_flows_match_names_exactly() {
+    let exact = r#"
+keys = ["id"]
+sequence_by = "seq"
+case_sensitive = true
+columns = [
+  { name = "id", type = "int" },
+  { name = "seq", type = "long" },
+]
+"#;
+    let f = flow(exact);
+    let e = decode_ndjson(&f, br#"{"ID": 1, "seq": 1}"#, Limits::NONE).unwrap_err();
+    assert_eq!(e.code(), codes::BAD_COLUMN, "{e}");
+    let e = Flow::new(config(
+        "p",
+        "spark.t",
+        &exact.replace(r#"keys = ["id"]"#, r#"keys = ["ID"]"#),
+    ))
+    .unwrap_err();
+    assert_eq!(e.code(), codes::COLUMNS_NOT_FOUND, "{e}");
+}
+
+/// Spark: the special-character key tests of the durability suites: a
+/// column whose name holds a dot is named with backticks in keys and lists
+/// (unquoted, `a.b` stays MULTIPART_COLUMN_IDENTIFIER) and survives restarts.
+#[test]
+fn dotted_names_are_quoted_with_backticks() {
+    let toml = r#"
+keys = ["`order.id`"]
+sequence_by = "`event.seq`"
+column_list = ["`order.id`", "`order.total`"]
+columns = [
+  { name = "order.id", type = "long" },
+  { name = "order.total", type = "double" },
+  { name = "event.seq", type = "long" },
+]
+"#;
+    scenario(
+        toml,
+        &[
+            "{\"order.id\": 1, \"order.total\": 2.5, \"event.seq\": 1}\n{\"order.id\": 2, \"order.total\": 4.5, \"event.seq\": 1}",
+            "{\"order.id\": 1, \"order.total\": 3.5, \"event.seq\": 2}",
+        ],
+        &[&["1", "3.5"], &["2", "4.5"]],
+    );
+    let e = Flow::new(config(
+        "p",
+        "spark.t",
+        &toml.replace("[\"`order.id`\"]", "[\"order.id\"]"),
+    ))
+    .unwrap_err();
+    assert_eq!(e.code(), codes::MULTIPART_IDENTIFIER, "{e}");
+}

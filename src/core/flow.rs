@@ -174,6 +174,13 @@ pub struct FlowConfig {
     /// A null in an upsert keeps the column's current value (partial updates).
     #[serde(default)]
     pub ignore_null_updates: bool,
+    /// Only these target columns keep their value on a null; the others
+    /// take the null (Spark's column-subset form of ignore_null_updates) ...
+    #[serde(default)]
+    pub ignore_null_updates_column_list: Option<Vec<String>>,
+    /// ... or every target column but these (keys aside).
+    #[serde(default)]
+    pub ignore_null_updates_except_column_list: Option<Vec<String>>,
     /// SCD Type 1: a change for which this is true removes every row with a
     /// lower sequence (a source table truncate).
     #[serde(default)]
@@ -225,6 +232,10 @@ pub struct FlowConfig {
     /// the flow opens (e.g. `commit.manifest.min-count-to-merge`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub table_properties: std::collections::BTreeMap<String, String>,
+    /// Match column names exactly. By default, as in Spark, names in keys,
+    /// sequences, column lists and input fields match regardless of case.
+    #[serde(default)]
+    pub case_sensitive: bool,
     /// Compaction of the target's and the state table's files (`[flow.compaction]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<CompactionConfig>,
@@ -330,7 +341,10 @@ pub struct Flow {
     pub scd2: bool,
     /// Source columns whose change opens a new SCD Type 2 version.
     pub tracked: Vec<usize>,
+    /// Some value column keeps its value on a null (`ignore_null_cols` is not empty).
     pub ignore_null_updates: bool,
+    /// Source columns a null in an upsert leaves unchanged, sorted.
+    pub ignore_null_cols: Vec<usize>,
     pub from_snapshot: bool,
     /// Source column index of each target column, in target order.
     pub target_cols: Vec<usize>,
@@ -415,7 +429,12 @@ impl Flow {
         let target_cols = selected_columns(&config, &fields, &key_idx)?;
         let source_arrow = source_schema(&fields)?;
         let target_schema = target_schema(&fields, &target_cols, &key_idx, &seq_idx, scd2)?;
-        let partition_spec = partition_spec(f, &config.partition_by, &target_schema)?;
+        let partition_spec = partition_spec(
+            f,
+            &config.partition_by,
+            &target_schema,
+            config.case_sensitive,
+        )?;
         let predicate = |sql: &Option<String>| match sql {
             Some(sql) => Predicate::parse(sql, &source_arrow)
                 .map(Some)
@@ -425,12 +444,14 @@ impl Flow {
         let deletes = predicate(&config.apply_as_deletes)?;
         let truncates = predicate(&config.apply_as_truncates)?;
         let tracked = tracked_columns(&config, &target_cols, &key_idx)?;
+        let ignore_null_cols = ignored_columns(&config, &target_cols, &key_idx)?;
         let (tombstone_gc, commit, max_key_bytes) = settings(&config)?;
         let maintenance = maintenance_policy(&config)?;
         let compaction = compaction_policy(&config)?;
         Ok(Flow {
             compaction,
-            ignore_null_updates: config.ignore_null_updates,
+            ignore_null_updates: !ignore_null_cols.is_empty(),
+            ignore_null_cols,
             from_snapshot: config.from_snapshot,
             commit,
             name: config.name.clone(),
@@ -476,6 +497,22 @@ impl Flow {
             .copied()
             .filter(|c| !self.key_idx.contains(c))
             .collect()
+    }
+
+    /// The declared column an input field (JSON key, Arrow or Parquet
+    /// column, CSV header) names: exactly, or regardless of ASCII case
+    /// unless `case_sensitive`.
+    pub fn input_column(&self, name: &str) -> Option<usize> {
+        let fields = self.source_arrow.fields();
+        fields.iter().position(|f| f.name() == name).or_else(|| {
+            (!self.config.case_sensitive)
+                .then(|| {
+                    fields
+                        .iter()
+                        .position(|f| f.name().eq_ignore_ascii_case(name))
+                })
+                .flatten()
+        })
     }
 
     /// The identifier of the aux sequence-state table kept beside the target.
@@ -554,7 +591,13 @@ fn declared_columns(config: &FlowConfig) -> Result<Vec<Declared>> {
     let mut seen = HashSet::new();
     let mut fields = Vec::new();
     for (i, c) in config.columns.iter().enumerate() {
-        check_plain(f, &c.name)?;
+        if c.name.is_empty() {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_DEFINITION,
+                format!("column {} has an empty name", i + 1),
+            ));
+        }
         let lower = c.name.to_ascii_lowercase();
         if RESERVED.contains(&lower.as_str()) || lower.starts_with(RESERVED_PREFIX) {
             return Err(Error::definition(
@@ -594,8 +637,17 @@ fn find_column(config: &FlowConfig, name: &str, what: &str) -> Result<usize> {
     if config.from_snapshot && name == SNAPSHOT_VERSION {
         return Ok(config.columns.len());
     }
-    check_plain(f, name)?;
-    config.columns.iter().position(|c| c.name == name).ok_or_else(|| {
+    let name = parse_ident(f, name)?;
+    let exact = config.columns.iter().position(|c| c.name == name);
+    // Declared names differ in more than case, so this match is unique.
+    let folded = || {
+        config
+            .columns
+            .iter()
+            .position(|c| c.name.eq_ignore_ascii_case(&name))
+            .filter(|_| !config.case_sensitive)
+    };
+    exact.or_else(folded).ok_or_else(|| {
         Error::definition(
             f,
             codes::COLUMNS_NOT_FOUND,
@@ -637,7 +689,9 @@ fn keys_and_sequence(
             ),
             (config.apply_as_truncates.is_some(), "apply_as_truncates"),
             (
-                config.ignore_null_updates,
+                config.ignore_null_updates
+                    || config.ignore_null_updates_column_list.is_some()
+                    || config.ignore_null_updates_except_column_list.is_some(),
                 "ignore_null_updates (a snapshot holds whole rows)",
             ),
         ];
@@ -892,6 +946,67 @@ fn tracked_columns(
     )
 }
 
+/// The value columns whose null in an upsert keeps the current value:
+/// every one with `ignore_null_updates = true`, or those a list names (or
+/// an except list leaves), Spark's column-subset form.
+fn ignored_columns(
+    config: &FlowConfig,
+    target_cols: &[usize],
+    key_idx: &[usize],
+) -> Result<Vec<usize>> {
+    let f = config.name.as_str();
+    let value_cols: Vec<usize> = target_cols
+        .iter()
+        .copied()
+        .filter(|c| !key_idx.contains(c))
+        .collect();
+    let named = |list: &[String], what: &str| -> Result<HashSet<usize>> {
+        list.iter()
+            .map(|c| {
+                let i = find_column(config, c, what)?;
+                if value_cols.contains(&i) {
+                    Ok(i)
+                } else {
+                    Err(Error::definition(
+                        f,
+                        codes::INVALID_SELECTION,
+                        format!(
+                            "{what} names `{c}`, which is a key or not a target column; list target columns that are not keys"
+                        ),
+                    ))
+                }
+            })
+            .collect()
+    };
+    Ok(
+        match (
+            &config.ignore_null_updates_column_list,
+            &config.ignore_null_updates_except_column_list,
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(Error::definition(
+                    f,
+                    codes::INVALID_SELECTION,
+                    "ignore_null_updates_column_list and ignore_null_updates_except_column_list are mutually exclusive; keep one",
+                ));
+            }
+            (Some(list), None) => {
+                let set = named(list, "ignore_null_updates_column_list")?;
+                value_cols.into_iter().filter(|c| set.contains(c)).collect()
+            }
+            (None, Some(except)) => {
+                let set = named(except, "ignore_null_updates_except_column_list")?;
+                value_cols
+                    .into_iter()
+                    .filter(|c| !set.contains(c))
+                    .collect()
+            }
+            (None, None) if config.ignore_null_updates => value_cols,
+            (None, None) => Vec::new(),
+        },
+    )
+}
+
 /// The flow's durations and bounds: tombstone lifetime, commit policy, key length.
 fn settings(config: &FlowConfig) -> Result<(Duration, CommitPolicy, usize)> {
     let f = config.name.as_str();
@@ -1065,7 +1180,12 @@ fn partition_field_name(col: &str, t: &Transform) -> String {
     }
 }
 
-fn partition_spec(flow: &str, entries: &[String], schema: &Schema) -> Result<PartitionSpec> {
+fn partition_spec(
+    flow: &str,
+    entries: &[String],
+    schema: &Schema,
+    case_sensitive: bool,
+) -> Result<PartitionSpec> {
     let mut b = PartitionSpec::builder(schema.clone()).with_spec_id(0);
     for e in entries {
         let Some((col, t)) = parse_partition_field(e) else {
@@ -1077,8 +1197,24 @@ fn partition_spec(flow: &str, entries: &[String], schema: &Schema) -> Result<Par
                 ),
             ));
         };
-        check_plain(flow, &col)?;
-        let Some(field) = schema.field_by_name(&col) else {
+        let col = parse_ident(flow, &col)?;
+        let found = schema
+            .as_struct()
+            .fields()
+            .iter()
+            .find(|f| f.name == col)
+            .or_else(|| {
+                (!case_sensitive)
+                    .then(|| {
+                        schema
+                            .as_struct()
+                            .fields()
+                            .iter()
+                            .find(|f| f.name.eq_ignore_ascii_case(&col))
+                    })
+                    .flatten()
+            });
+        let Some(field) = found else {
             return Err(Error::definition(
                 flow,
                 codes::COLUMNS_NOT_FOUND,
@@ -1095,6 +1231,7 @@ fn partition_spec(flow: &str, entries: &[String], schema: &Schema) -> Result<Par
             ));
         };
         let ty = field.field_type.to_string();
+        let col = field.name.clone();
         b = b
             .add_partition_field(&col, partition_field_name(&col, &t), t)
             .map_err(|err| {
@@ -1111,25 +1248,38 @@ fn partition_spec(flow: &str, entries: &[String], schema: &Schema) -> Result<Par
     Ok(b.build()?)
 }
 
-fn check_plain(flow: &str, name: &str) -> Result<()> {
-    if name.contains('.') {
+/// A column name as written in a key, sequence, list or partition entry:
+/// plain (`city`), or quoted with backticks (`` `a.b` ``, a doubled backtick
+/// for one) when it holds a dot. An unquoted dotted name is a multi-part
+/// identifier, which names no top-level column.
+pub fn parse_ident(flow: &str, text: &str) -> Result<String> {
+    let bad = |message: String| Err(Error::definition(flow, codes::INVALID_DEFINITION, message));
+    if let Some(inner) = text.strip_prefix('`') {
+        let Some(inner) = inner.strip_suffix('`') else {
+            return bad(format!("`{text}` opens a backtick quote it does not close"));
+        };
+        let name = inner.replace("``", "`");
+        if name.is_empty() || inner.replace("``", "").contains('`') {
+            return bad(format!(
+                "{text} is not a quoted column name; write `a.b` in backticks, a backtick inside as two"
+            ));
+        }
+        return Ok(name);
+    }
+    if text.contains('.') {
         return Err(Error::definition(
             flow,
             codes::MULTIPART_IDENTIFIER,
             format!(
-                "`{name}` is a multi-part identifier; use the plain column name (`{}`)",
-                name.rsplit('.').next().unwrap_or(name)
+                "`{text}` is a multi-part identifier; use the plain column name (`{}`), or quote a name that holds a dot with backticks",
+                text.rsplit('.').next().unwrap_or(text)
             ),
         ));
     }
-    if name.is_empty() {
-        return Err(Error::definition(
-            flow,
-            codes::INVALID_DEFINITION,
-            "a column name is empty",
-        ));
+    if text.is_empty() {
+        return bad("a column name is empty".into());
     }
-    Ok(())
+    Ok(text.to_string())
 }
 
 #[cfg(test)]
@@ -1290,6 +1440,75 @@ mod tests {
         assert_eq!(code_of(c.clone()), codes::INVALID_SELECTION);
         c.track_history_column_list = None;
         assert_eq!(Flow::new(c).unwrap().tracked, vec![3]);
+    }
+
+    #[test]
+    fn ignore_nulls_of_some_columns_take_a_list_or_an_except_list() {
+        let mut c = base();
+        assert!(Flow::new(c.clone()).unwrap().ignore_null_cols.is_empty());
+        c.ignore_null_updates = true;
+        assert_eq!(Flow::new(c.clone()).unwrap().ignore_null_cols, vec![1, 3]);
+        c.ignore_null_updates = false;
+        c.ignore_null_updates_column_list = Some(vec!["city".into()]);
+        let f = Flow::new(c.clone()).unwrap();
+        assert_eq!(
+            (f.ignore_null_cols.clone(), f.keeps_history()),
+            (vec![1], true)
+        );
+        c.ignore_null_updates_column_list = Some(vec!["id".into()]);
+        assert_eq!(code_of(c.clone()), codes::INVALID_SELECTION);
+        c.ignore_null_updates_column_list = Some(vec!["op".into()]);
+        assert_eq!(code_of(c.clone()), codes::INVALID_SELECTION);
+        c.ignore_null_updates_column_list = Some(vec!["nope".into()]);
+        assert_eq!(code_of(c.clone()), codes::COLUMNS_NOT_FOUND);
+        c.ignore_null_updates_except_column_list = Some(vec!["city".into()]);
+        assert_eq!(code_of(c.clone()), codes::INVALID_SELECTION);
+        c.ignore_null_updates_column_list = None;
+        assert_eq!(Flow::new(c.clone()).unwrap().ignore_null_cols, vec![3]);
+        // Every column excepted: nothing is ignored, no history is kept.
+        c.ignore_null_updates_except_column_list = Some(vec!["city".into(), "seq".into()]);
+        assert!(!Flow::new(c.clone()).unwrap().keeps_history());
+        c.from_snapshot = true;
+        c.sequence_by = OneOrMany::default();
+        c.apply_as_deletes = None;
+        assert_eq!(code_of(c), codes::INVALID_DEFINITION);
+    }
+
+    /// Spark resolves names regardless of case by default; backticks quote
+    /// a name that holds a dot; an unquoted dotted name stays multi-part.
+    #[test]
+    fn names_resolve_regardless_of_case_and_quoted_with_backticks() {
+        let mut c = base();
+        c.keys = vec!["ID".into()];
+        c.sequence_by = OneOrMany::One("Seq".into());
+        c.except_column_list = Some(vec!["OP".into()]);
+        c.partition_by = vec!["bucket[4](Id)".into()];
+        let f = Flow::new(c.clone()).unwrap();
+        assert_eq!((f.key_idx.clone(), f.seq_idx.clone()), (vec![0], vec![3]));
+        assert_eq!(f.target_cols, vec![0, 1, 3]);
+        assert_eq!(f.partition_spec.fields().len(), 1);
+        assert_eq!(f.input_column("CITY"), Some(1));
+        c.case_sensitive = true;
+        assert_eq!(code_of(c.clone()), codes::COLUMNS_NOT_FOUND);
+
+        let mut c = base();
+        c.columns[1].name = "addr.city".into();
+        c.keys = vec!["id".into(), "`addr.city`".into()];
+        let f = Flow::new(c.clone()).unwrap();
+        assert_eq!(f.key_idx, vec![0, 1]);
+        assert_eq!(f.column_name(1), "addr.city");
+        for (key, code) in [
+            ("addr.city", codes::MULTIPART_IDENTIFIER),
+            ("`addr.city", codes::INVALID_DEFINITION),
+            ("``", codes::INVALID_DEFINITION),
+            ("`a`b`", codes::INVALID_DEFINITION),
+        ] {
+            c.keys = vec![key.into()];
+            assert_eq!(code_of(c.clone()), code, "{key}");
+        }
+        c.columns[1].name = "a`b".into();
+        c.keys = vec!["`a``b`".into()];
+        assert_eq!(Flow::new(c).unwrap().key_idx, vec![1]);
     }
 
     #[test]

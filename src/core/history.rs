@@ -45,19 +45,20 @@ pub struct HistCodec {
     /// Positions in `cols` of the tracked columns (SCD Type 2); empty for SCD Type 1.
     tracked: Vec<usize>,
     scd2: bool,
-    ignore_nulls: bool,
+    /// Per value column: a null in an upsert keeps the current value.
+    ignore_nulls: Vec<bool>,
     /// SCD Type 1 with ties rejected: values later upserts overwrite can go.
     prune: bool,
 }
 
 impl HistCodec {
     pub fn new(flow: &Flow) -> Result<HistCodec> {
-        HistCodec::tracking(flow, &flow.tracked)
+        HistCodec::folding(flow, &Folding::of(flow))
     }
 
-    /// The codec with `tracked` (source indices of value columns) as the
-    /// SCD Type 2 tracked set instead of the flow's.
-    pub fn tracking(flow: &Flow, tracked: &[usize]) -> Result<HistCodec> {
+    /// The codec folding as `folding` says instead of as the flow does.
+    pub fn folding(flow: &Flow, folding: &Folding) -> Result<HistCodec> {
+        let (tracked, ignored) = (&folding.tracked, &folding.ignored);
         let cols = flow.value_cols();
         let mut convs = Vec::new();
         let mut nulls = Vec::new();
@@ -81,13 +82,14 @@ impl HistCodec {
         } else {
             Vec::new()
         };
+        let ignore_nulls = cols.iter().map(|c| ignored.contains(c)).collect();
         Ok(HistCodec {
             cols,
             convs,
             nulls,
             tracked,
             scd2: flow.scd2,
-            ignore_nulls: flow.ignore_null_updates,
+            ignore_nulls,
             prune: !flow.scd2 && flow.on_tie == TiePolicy::Error,
         })
     }
@@ -123,6 +125,29 @@ impl HistCodec {
 
     pub fn null(&self, col: usize) -> Box<[u8]> {
         self.nulls[col].clone()
+    }
+}
+
+/// How a key's events fold into its rows: the SCD Type 2 tracked columns
+/// and the columns a null in an upsert leaves unchanged (source indices of
+/// value columns, sorted). A target records the folding of its rows, so a
+/// definition that folds otherwise re-folds them (`refold`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Folding {
+    pub tracked: Vec<usize>,
+    pub ignored: Vec<usize>,
+}
+
+impl Folding {
+    pub fn of(flow: &Flow) -> Folding {
+        Folding {
+            tracked: if flow.scd2 {
+                flow.tracked.clone()
+            } else {
+                Vec::new()
+            },
+            ignored: flow.ignore_null_cols.clone(),
+        }
     }
 }
 
@@ -328,12 +353,12 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
             continue;
         }
         let vals: Vec<Box<[u8]>> = match &cur {
-            Some(v) if hc.ignore_nulls => e
+            Some(v) if hc.ignore_nulls.contains(&true) => e
                 .vals
                 .iter()
                 .enumerate()
                 .map(|(c, b)| {
-                    if hc.is_null(c, b) {
+                    if hc.ignore_nulls[c] && hc.is_null(c, b) {
                         v.vals[c].clone()
                     } else {
                         b.clone()
@@ -421,9 +446,11 @@ fn prune(hc: &HistCodec, events: &mut [Event]) {
         for c in nonnull {
             covered[c] = true;
         }
-        if !hc.ignore_nulls {
-            // Without ignore_null_updates the latest upsert decides every column.
-            covered.iter_mut().for_each(|c| *c = true);
+        // A column whose nulls are not ignored is decided by the latest upsert.
+        for (c, ignored) in hc.ignore_nulls.iter().enumerate() {
+            if !ignored {
+                covered[c] = true;
+            }
         }
         later_upsert = true;
     }

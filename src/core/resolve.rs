@@ -182,21 +182,23 @@ pub fn validate(flow: &Flow, batch: &RecordBatch) -> Result<()> {
 }
 
 /// Every upsert fills the target's required columns (deletes and truncates
-/// need only keys and sequences). With `ignore_null_updates` a null keeps
-/// the column's value, so only the folded row can be checked, at commit.
+/// need only keys and sequences). In a column whose nulls are ignored
+/// (`ignore_null_updates`) a null keeps the value, so only the folded row
+/// can be checked, at commit.
 fn check_required(
     flow: &Flow,
     batch: &RecordBatch,
     truncates: Option<&arrow_array::BooleanArray>,
 ) -> Result<()> {
-    if flow.ignore_null_updates {
-        return Ok(());
-    }
     let cols: Vec<usize> = flow
         .target_cols
         .iter()
         .copied()
-        .filter(|&c| flow.required(c) && batch.column(c).null_count() > 0)
+        .filter(|&c| {
+            flow.required(c)
+                && !flow.ignore_null_cols.contains(&c)
+                && batch.column(c).null_count() > 0
+        })
         .collect();
     if cols.is_empty() {
         return Ok(());

@@ -134,13 +134,38 @@ pub fn conform(flow: &Flow, batch: &RecordBatch) -> Result<RecordBatch> {
 }
 
 /// `conform` for a batch whose first row is row `first_row` of the body.
+/// Input columns name declared columns as `Flow::input_column` says; two
+/// that name one column (they differ only in case) are refused.
 fn conform_at(flow: &Flow, batch: &RecordBatch, first_row: usize) -> Result<RecordBatch> {
     let schema: SchemaRef = flow.source_arrow.clone();
+    let input = batch.schema();
+    let mut named: Vec<Option<usize>> = vec![None; schema.fields().len()];
+    for (j, f) in input.fields().iter().enumerate() {
+        let Some(i) = flow.input_column(f.name()) else {
+            continue;
+        };
+        if let Some(prev) = named[i] {
+            return Err(Error::Batch {
+                code: codes::BAD_COLUMN,
+                flow: flow.name.clone(),
+                row: first_row,
+                column: f.name().clone(),
+                message: format!(
+                    "input columns `{}` and `{}` both name column `{}` (names match regardless of case unless the flow sets case_sensitive = true); send one",
+                    input.field(prev).name(),
+                    f.name(),
+                    schema.field(i).name()
+                ),
+            });
+        }
+        named[i] = Some(j);
+    }
     let cols = schema
         .fields()
         .iter()
-        .map(|f| -> Result<ArrayRef> {
-            match batch.column_by_name(f.name()) {
+        .zip(&named)
+        .map(|(f, j)| -> Result<ArrayRef> {
+            match j.map(|j| batch.column(j)) {
                 None => Ok(new_null_array(f.data_type(), batch.num_rows())),
                 Some(c) => {
                     crate::core::convert::column(c, f.data_type()).map_err(|r| Error::Batch {
@@ -196,6 +221,25 @@ fn too_many_rows(flow: &Flow, limits: Limits) -> Error {
 /// Decodes rows, each one JSON object, into the flow's source schema.
 /// Unknown fields are rejected; an error names its row and column.
 fn decode_json_rows(flow: &Flow, rows: &[&[u8]]) -> Result<RecordBatch> {
+    match decode_json_exact(flow, rows) {
+        // A field named in another case than the definition's: the decoder
+        // matches names exactly, so rewrite the keys and decode again (only
+        // such bodies pay for it).
+        Err(e) if !flow.config.case_sensitive && e.to_string().contains("missing from schema") => {
+            match json::canonical_keys(flow, rows)? {
+                Some(fixed) => {
+                    let fixed: Vec<&[u8]> = fixed.iter().map(Vec::as_slice).collect();
+                    decode_json_exact(flow, &fixed)
+                }
+                None => Err(e),
+            }
+        }
+        r => r,
+    }
+}
+
+/// Decodes rows whose keys are the definition's names exactly.
+fn decode_json_exact(flow: &Flow, rows: &[&[u8]]) -> Result<RecordBatch> {
     let schema = json_schema(flow);
     let decoder = || {
         arrow_json::ReaderBuilder::new(schema.clone())
@@ -479,7 +523,7 @@ fn read_ipc(flow: &Flow, body: &[u8], limits: Limits) -> Result<RecordBatch> {
         .map_err(|e| arrow_err(flow, format!("the body is not an Arrow IPC stream: {e}")))?;
     let schema = reader.schema();
     for f in schema.fields() {
-        if flow.source_arrow.field_with_name(f.name()).is_err() {
+        if flow.input_column(f.name()).is_none() {
             return Err(body_err(
                 flow,
                 codes::BAD_COLUMN,
@@ -634,6 +678,150 @@ fn body_err(
     }
 }
 
+/// JSON object keys in another case than the definition's names.
+mod json {
+    use super::*;
+
+    /// Each row with its top-level keys renamed to the declared names they
+    /// match regardless of case; None when no key needed it (or a row
+    /// cannot be scanned: the decoder then reports it). Two keys of a row
+    /// that name one column are refused.
+    pub(super) fn canonical_keys(flow: &Flow, rows: &[&[u8]]) -> Result<Option<Vec<Vec<u8>>>> {
+        let mut out = Vec::with_capacity(rows.len());
+        let mut renamed = false;
+        for (r, row) in rows.iter().enumerate() {
+            let Some(keys) = top_level_keys(row) else {
+                out.push(row.to_vec());
+                continue;
+            };
+            let mut seen: Vec<Option<&str>> = vec![None; flow.source_arrow.fields().len()];
+            let mut fixed = Vec::with_capacity(row.len());
+            let mut at = 0;
+            for (start, end) in keys {
+                // Keys hold no escapes (top_level_keys gives up on those).
+                let key = std::str::from_utf8(&row[start..end]).unwrap_or_default();
+                let Some(i) = flow.input_column(key) else {
+                    continue;
+                };
+                let name = flow.source_arrow.field(i).name();
+                if let Some(prev) = seen[i] {
+                    return Err(Error::Batch {
+                        code: codes::BAD_COLUMN,
+                        flow: flow.name.clone(),
+                        row: r,
+                        column: key.to_string(),
+                        message: format!(
+                            "fields `{prev}` and `{key}` both name column `{name}` (names match regardless of case unless the flow sets case_sensitive = true); send one"
+                        ),
+                    });
+                }
+                seen[i] = Some(key);
+                if key != name {
+                    fixed.extend_from_slice(&row[at..start]);
+                    fixed.extend_from_slice(name.as_bytes());
+                    at = end;
+                    renamed = true;
+                }
+            }
+            fixed.extend_from_slice(&row[at..]);
+            out.push(fixed);
+        }
+        Ok(renamed.then_some(out))
+    }
+
+    fn ws(row: &[u8], mut i: usize) -> usize {
+        while i < row.len() && row[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    }
+
+    /// `row[i]` opens a string: the index after its closing quote.
+    fn string_end(row: &[u8], i: usize) -> Option<usize> {
+        let mut j = i + 1;
+        while j < row.len() {
+            match row[j] {
+                b'\\' => j += 2,
+                b'"' => return Some(j + 1),
+                _ => j += 1,
+            }
+        }
+        None
+    }
+
+    /// The index after the value starting at or after `i`.
+    fn value_end(row: &[u8], i: usize) -> Option<usize> {
+        let mut j = ws(row, i);
+        match row.get(j)? {
+            b'"' => string_end(row, j),
+            b'{' | b'[' => {
+                let mut depth = 0usize;
+                while j < row.len() {
+                    match row[j] {
+                        b'"' => {
+                            j = string_end(row, j)?;
+                            continue;
+                        }
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                return Some(j + 1);
+                            }
+                        }
+                        _ => {}
+                    }
+                    j += 1;
+                }
+                None
+            }
+            _ => {
+                while j < row.len()
+                    && !matches!(row[j], b',' | b'}' | b']')
+                    && !row[j].is_ascii_whitespace()
+                {
+                    j += 1;
+                }
+                Some(j)
+            }
+        }
+    }
+
+    /// The byte ranges of the top-level keys of a JSON object (inside the
+    /// quotes); None when `row` is not one, or a key has an escape.
+    pub(super) fn top_level_keys(row: &[u8]) -> Option<Vec<(usize, usize)>> {
+        let mut i = ws(row, 0);
+        if row.get(i) != Some(&b'{') {
+            return None;
+        }
+        i = ws(row, i + 1);
+        let mut keys = Vec::new();
+        if row.get(i) == Some(&b'}') {
+            return Some(keys);
+        }
+        loop {
+            if row.get(i) != Some(&b'"') {
+                return None;
+            }
+            let end = string_end(row, i)?;
+            if row[i + 1..end - 1].contains(&b'\\') {
+                return None;
+            }
+            keys.push((i + 1, end - 1));
+            i = ws(row, end);
+            if row.get(i) != Some(&b':') {
+                return None;
+            }
+            i = ws(row, value_end(row, i + 1)?);
+            match row.get(i)? {
+                b',' => i = ws(row, i + 1),
+                b'}' => return Some(keys),
+                _ => return None,
+            }
+        }
+    }
+}
+
 /// A value arrow-json could not read: name the row and, when the message
 /// names one, the column.
 fn value_err(flow: &Flow, row: usize, e: &arrow_schema::ArrowError) -> Error {
@@ -710,6 +898,93 @@ mod tests {
             assert_eq!(b.column(0).as_primitive::<Int64Type>().values(), &[1, 2]);
             assert_eq!(b.column(2).as_primitive::<Int64Type>().values(), &[3, 4]);
             assert_eq!(b.column(1).as_string::<i32>().value(0), "Leeds");
+        }
+    }
+
+    /// Spark's default: input fields match the definition regardless of
+    /// case; two that differ only in case are refused; `case_sensitive`
+    /// restores exact matching.
+    #[test]
+    fn input_names_match_regardless_of_case_unless_case_sensitive() {
+        let f = flow();
+        let body = b"{\"ID\": 1, \"City\": \"Leeds\", \"seq\": 3}\n{\"id\": 2, \"CITY\": {\"x\": [1, \"}\"]}, \"Seq\": 4}\n";
+        // The second row's city is an object: the keys are found around it,
+        // and the value is then refused as a string.
+        let e = decode_ndjson(&f, body, Limits::NONE).unwrap_err();
+        assert_eq!(e.code(), codes::BAD_COLUMN, "{e}");
+        let body = b"{\"ID\": 1, \"City\": \"Leeds\", \"seq\": 3}\n{\"id\": 2, \"SEQ\": 4, \"city\" : null}\n";
+        let b = decode_ndjson(&f, body, Limits::NONE).unwrap();
+        assert_eq!(b.column(0).as_primitive::<Int64Type>().values(), &[1, 2]);
+        assert_eq!(b.column(1).as_string::<i32>().value(0), "Leeds");
+        assert!(b.column(1).is_null(1));
+        assert_eq!(b.column(2).as_primitive::<Int64Type>().values(), &[3, 4]);
+        let b = decode_json_array(&f, br#"[{"Id": 5, "SEQ": 6}]"#, Limits::NONE).unwrap();
+        assert_eq!(b.column(0).as_primitive::<Int64Type>().value(0), 5);
+
+        let dup = b"{\"id\": 1, \"seq\": 3}\n{\"id\": 2, \"ID\": 2, \"seq\": 4}\n";
+        match decode_ndjson(&f, dup, Limits::NONE).unwrap_err() {
+            Error::Batch {
+                code,
+                row,
+                column,
+                message,
+                ..
+            } => {
+                assert_eq!((code, row, column.as_str()), (codes::BAD_COLUMN, 1, "ID"));
+                assert!(message.contains("`id` and `ID`"), "{message}");
+            }
+            e => panic!("{e}"),
+        }
+        // Arrow columns too.
+        let schema = std::sync::Arc::new(arrow_schema::Schema::new(vec![
+            arrow_schema::Field::new("Id", arrow_schema::DataType::Int64, false),
+            arrow_schema::Field::new("SEQ", arrow_schema::DataType::Int64, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                std::sync::Arc::new(arrow_array::Int64Array::from(vec![7])),
+                std::sync::Arc::new(arrow_array::Int64Array::from(vec![8])),
+            ],
+        )
+        .unwrap();
+        let ipc = encode_arrow_ipc(&batch).unwrap();
+        let got = decode_arrow_ipc(&f, &ipc, Limits::NONE).unwrap();
+        assert_eq!(got.column(0).as_primitive::<Int64Type>().value(0), 7);
+        assert_eq!(got.column(2).as_primitive::<Int64Type>().value(0), 8);
+
+        let mut config = f.config.clone();
+        config.case_sensitive = true;
+        let exact = Flow::new(config).unwrap();
+        let e = decode_ndjson(&exact, b"{\"ID\": 1, \"seq\": 3}\n", Limits::NONE).unwrap_err();
+        assert_eq!(e.code(), codes::BAD_COLUMN, "{e}");
+        let e = decode_arrow_ipc(&exact, &ipc, Limits::NONE).unwrap_err();
+        assert_eq!(e.code(), codes::BAD_COLUMN, "{e}");
+    }
+
+    #[test]
+    fn top_level_keys_are_found_around_nested_values_and_strings() {
+        let row = br#" { "a" : 1 , "b":{"c":"}\"]"}, "d" :[1,{"e":2}] ,"f":null}"#;
+        let keys: Vec<&str> = json::top_level_keys(row)
+            .unwrap()
+            .into_iter()
+            .map(|(s, e)| std::str::from_utf8(&row[s..e]).unwrap())
+            .collect();
+        assert_eq!(keys, ["a", "b", "d", "f"]);
+        assert_eq!(json::top_level_keys(b"{}"), Some(vec![]));
+        for bad in [
+            &b"[1]"[..],
+            b"{\"a\" 1}",
+            b"{\"a\\u0041\": 1}",
+            b"{\"a\": 1",
+            b"",
+        ] {
+            assert_eq!(
+                json::top_level_keys(bad),
+                None,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 

@@ -25,6 +25,7 @@ use serde::Serialize;
 
 use crate::core::flow::{Flow, START_AT};
 use crate::core::from_snapshot;
+use crate::core::history::Folding;
 use crate::core::offsets::{self, LogRef, Offsets, PROP_INPUT_OFFSETS};
 use crate::core::resolve::{self, BatchStats, Codec};
 use crate::core::state::Loc;
@@ -53,6 +54,10 @@ pub const PROP_SNAPSHOT_VERSION: &str = "autocdc.snapshot-version";
 /// JSON list of names. Absent on targets of earlier versions, which
 /// tracked every value column but the sequence columns (or the list given).
 pub const PROP_TRACK_HISTORY: &str = "autocdc.track-history";
+/// History flows: the columns whose nulls kept their value when the rows
+/// were folded, a JSON list of names. Absent on targets of earlier
+/// versions: every value column with `ignore_null_updates`, else none.
+pub const PROP_IGNORE_NULLS: &str = "autocdc.ignore-null-columns";
 
 /// The snapshot a commit makes of the target.
 enum Mode {
@@ -353,9 +358,9 @@ pub struct Engine {
     file_partitions: Option<HashMap<String, (i32, Struct)>>,
     /// Data files the state points into that another writer removed.
     gone_files: usize,
-    /// SCD Type 2: the tracked set (source indices) the target's rows are
-    /// folded with; when it is not the flow's, the next apply re-folds first.
-    folded_with: Vec<usize>,
+    /// History flows: how the target's rows are folded; when it is not
+    /// how the flow folds, the next apply re-folds first.
+    folded_with: Folding,
 }
 
 fn target_properties(flow: &Flow) -> HashMap<String, String> {
@@ -399,21 +404,36 @@ async fn ensure_properties(
         .await
 }
 
-/// The tracked set (source indices, sorted) an SCD Type 2 target's rows
-/// were folded with, as its latest snapshot of this flow records it.
-fn recorded_tracking(flow: &Flow, marker: &HashMap<String, String>) -> Result<Vec<usize>> {
-    let Some(json) = marker.get(PROP_TRACK_HISTORY) else {
+/// How a history flow's target rows were folded, as its latest snapshot
+/// of this flow records it.
+fn recorded_folding(flow: &Flow, marker: &HashMap<String, String>) -> Result<Folding> {
+    let tracked = match marker.get(PROP_TRACK_HISTORY) {
+        _ if !flow.scd2 => Vec::new(),
+        Some(json) => column_set(flow, PROP_TRACK_HISTORY, json)?,
         // Written before the property: the sequence columns were never tracked.
-        return Ok(flow
+        None => flow
             .tracked
             .iter()
             .copied()
             .filter(|c| !flow.seq_idx.contains(c))
-            .collect());
+            .collect(),
     };
+    let ignored = match marker.get(PROP_IGNORE_NULLS) {
+        Some(json) => column_set(flow, PROP_IGNORE_NULLS, json)?,
+        // Written before the property: no column lists existed.
+        None if flow.config.ignore_null_updates => flow.value_cols(),
+        None => Vec::new(),
+    };
+    let mut ignored = ignored;
+    ignored.sort_unstable();
+    Ok(Folding { tracked, ignored })
+}
+
+/// A snapshot property's JSON list of value column names, as source indices (sorted).
+fn column_set(flow: &Flow, prop: &str, json: &str) -> Result<Vec<usize>> {
     let bad = |message: String| Error::State {
         code: codes::SCHEMA_DRIFT,
-        message: format!("flow `{}`: {PROP_TRACK_HISTORY} {message}", flow.name),
+        message: format!("flow `{}`: {prop} {message}", flow.name),
     };
     let names: Vec<String> =
         serde_json::from_str(json).map_err(|e| bad(format!("is unreadable: {e}")))?;
@@ -710,8 +730,8 @@ impl Engine {
         };
         let snapshot_version = marker.as_ref().and_then(|m| num(m, PROP_SNAPSHOT_VERSION));
         let folded_with = match (&marker, state_snapshot) {
-            (Some(m), Some(_)) if flow.scd2 => recorded_tracking(&flow, m)?,
-            _ => flow.tracked.clone(),
+            (Some(m), Some(_)) if flow.keeps_history() => recorded_folding(&flow, m)?,
+            _ => Folding::of(&flow),
         };
         let mut engine = Engine {
             folded_with,
@@ -1063,16 +1083,18 @@ impl Engine {
         Ok(())
     }
 
-    /// SCD Type 2 whose tracked set changed since the target's rows were
-    /// folded: one commit re-folds every key's events in the state under
-    /// the flow's set. Only the rows that differ are removed and written;
-    /// no input is read and the offsets stay.
+    /// A history flow whose tracked set (SCD Type 2) or null-ignoring
+    /// columns changed since the target's rows were folded: one commit
+    /// re-folds every key's events in the state as the flow folds. Only the
+    /// rows that differ are removed and written; no input is read and the
+    /// offsets stay.
     async fn refold(&mut self, now_ms: i64) -> Result<CommitReport> {
         self.usable()?;
         let clock = std::time::Instant::now();
         let plan = self
             .state
             .refold(&self.flow, &self.folded_with, self.state_complete)?;
+        let now = Folding::of(&self.flow);
         let names = |cols: &[usize]| {
             cols.iter()
                 .map(|&c| self.flow.column_name(c))
@@ -1081,11 +1103,13 @@ impl Engine {
         };
         tracing::info!(
             flow = %self.flow.name,
-            was = %names(&self.folded_with),
-            now = %names(&self.flow.tracked),
-            "the tracked columns changed: re-folding the history under the new set"
+            tracked_was = %names(&self.folded_with.tracked),
+            tracked = %names(&now.tracked),
+            ignore_nulls_was = %names(&self.folded_with.ignored),
+            ignore_nulls = %names(&now.ignored),
+            "the tracked or null-ignoring columns changed: re-folding the history"
         );
-        self.folded_with = self.flow.tracked.clone();
+        self.folded_with = now;
         let empty = RecordBatch::new_empty(self.flow.source_arrow.clone());
         self.commit_planned(
             Planned::of(plan),
@@ -1108,7 +1132,7 @@ impl Engine {
         self.usable()?;
         let clock = std::time::Instant::now();
         let plan = self.state.rebuild(&self.flow)?;
-        self.folded_with = self.flow.tracked.clone();
+        self.folded_with = Folding::of(&self.flow);
         self.state_complete = true;
         let empty = RecordBatch::new_empty(self.flow.source_arrow.clone());
         let report = self
@@ -1248,7 +1272,7 @@ impl Engine {
                 message: "this flow is from_snapshot: send whole snapshots with a version (POST /v1/flows/{flow}/snapshots?version=V, or autocdc apply --snapshot-version V)".into(),
             });
         }
-        if self.flow.scd2 && self.folded_with != self.flow.tracked {
+        if self.flow.keeps_history() && self.folded_with != Folding::of(&self.flow) {
             self.refold(now_ms).await?;
         }
         let mut attempted: Vec<i64> = Vec::new();
@@ -1730,15 +1754,21 @@ impl Engine {
         if let Some(v) = snapshot_version.or(self.snapshot_version) {
             properties.insert(PROP_SNAPSHOT_VERSION.to_string(), v.to_string());
         }
+        let names = |cols: &[usize]| -> Vec<&str> {
+            cols.iter().map(|&c| self.flow.column_name(c)).collect()
+        };
         if self.flow.scd2 {
-            let names: Vec<&str> = self
-                .folded_with
-                .iter()
-                .map(|&c| self.flow.column_name(c))
-                .collect();
+            let tracked = names(&self.folded_with.tracked);
             properties.insert(
                 PROP_TRACK_HISTORY.to_string(),
-                serde_json::to_string(&names)?,
+                serde_json::to_string(&tracked)?,
+            );
+        }
+        if self.flow.keeps_history() {
+            let ignored = names(&self.folded_with.ignored);
+            properties.insert(
+                PROP_IGNORE_NULLS.to_string(),
+                serde_json::to_string(&ignored)?,
             );
         }
         let (replace, rewrite) = match mode {

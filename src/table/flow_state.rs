@@ -11,7 +11,7 @@ use arrow_schema::SchemaRef;
 use arrow_select::take::take;
 
 use crate::core::flow::Flow;
-use crate::core::history::{self, HistCodec, History};
+use crate::core::history::{self, Folding, HistCodec, History};
 use crate::core::resolve::{self, BatchStats, Codec, Resolution};
 use crate::core::state::{FileTable, KeyIndex, Loc, Value};
 use crate::error::{Error, Result, codes};
@@ -200,12 +200,12 @@ impl FlowState {
         })
     }
 
-    /// SCD Type 2 whose target rows were folded with the tracked set `was`
-    /// (source indices): the plan that re-folds every key under the flow's.
-    pub fn refold(&self, flow: &Flow, was: &[usize], state_complete: bool) -> Result<Plan> {
+    /// A history flow whose target rows were folded as `was` says: the plan
+    /// that re-folds every key as the flow folds.
+    pub fn refold(&self, flow: &Flow, was: &Folding, state_complete: bool) -> Result<Plan> {
         match self {
             FlowState::History { codec: hc, events } => {
-                let before = HistCodec::tracking(flow, was)?;
+                let before = HistCodec::folding(flow, was)?;
                 Ok(Plan::History(history::refold(
                     &before,
                     hc,

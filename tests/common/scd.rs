@@ -26,6 +26,9 @@ pub struct Shape {
     pub ignore_nulls: bool,
     /// `on_sequence_tie = "error"` (the generator then makes sequences unique per key).
     pub ties_error: bool,
+    /// With `ignore_nulls`: only `city` keeps its value on a null
+    /// (`ignore_null_updates_column_list = ["city"]`); a null `note` is taken.
+    pub city_only_nulls: bool,
 }
 
 pub const SCD2: Shape = Shape {
@@ -33,6 +36,7 @@ pub const SCD2: Shape = Shape {
     untracked_note: false,
     ignore_nulls: false,
     ties_error: false,
+    city_only_nulls: false,
 };
 
 pub fn people_toml(shape: Shape, target: &str) -> String {
@@ -56,8 +60,11 @@ columns = [
 "#,
         target.replace('.', "_"),
         if shape.scd2 { 2 } else { 1 },
-        shape.ignore_nulls,
+        shape.ignore_nulls && !shape.city_only_nulls,
     );
+    if shape.ignore_nulls && shape.city_only_nulls {
+        t.push_str("ignore_null_updates_column_list = [\"city\"]\n");
+    }
     if shape.ties_error {
         t.push_str("on_sequence_tie = \"error\"\n");
     }
@@ -148,6 +155,9 @@ pub fn people_oracle(shape: Shape, flow: &Flow, batches: &[RecordBatch]) -> BTre
                 continue;
             }
             let (city, note) = match &cur {
+                Some(v) if shape.ignore_nulls && shape.city_only_nulls => {
+                    (city.or(v.1.clone()), note)
+                }
                 Some(v) if shape.ignore_nulls => (city.or(v.1.clone()), note.or(v.2.clone())),
                 _ => (city, note),
             };
