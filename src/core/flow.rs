@@ -893,57 +893,22 @@ fn tracked_columns(
     target_cols: &[usize],
     key_idx: &[usize],
 ) -> Result<Vec<usize>> {
-    let f = config.name.as_str();
-    let value_cols: Vec<usize> = target_cols
-        .iter()
-        .copied()
-        .filter(|c| !key_idx.contains(c))
-        .collect();
-    Ok(
-        match (
-            &config.track_history_column_list,
-            &config.track_history_except_column_list,
-        ) {
-            (Some(_), Some(_)) => {
-                return Err(Error::definition(
-                    f,
-                    codes::INVALID_SELECTION,
-                    "track_history_column_list and track_history_except_column_list are mutually exclusive; keep one",
-                ));
-            }
-            (Some(list), None) => {
-                let mut v = Vec::new();
-                for c in list {
-                    let i = find_column(config, c, "track_history_column_list")?;
-                    if !value_cols.contains(&i) {
-                        return Err(Error::definition(
-                            f,
-                            codes::INVALID_SELECTION,
-                            format!(
-                                "track_history_column_list names `{c}`, which is a key or not a target column; list target columns that are not keys"
-                            ),
-                        ));
-                    }
-                    v.push(i);
-                }
-                v.sort_unstable();
-                v.dedup();
-                v
-            }
-            (None, Some(except)) => {
-                let ex = except
-                    .iter()
-                    .map(|c| find_column(config, c, "track_history_except_column_list"))
-                    .collect::<Result<HashSet<_>>>()?;
-                value_cols
-                    .iter()
-                    .copied()
-                    .filter(|i| !ex.contains(i))
-                    .collect()
-            }
-            (None, None) => value_cols,
-        },
-    )
+    let value_cols = without(target_cols, key_idx);
+    Ok(value_selection(
+        config,
+        &value_cols,
+        [
+            (
+                "track_history_column_list",
+                &config.track_history_column_list,
+            ),
+            (
+                "track_history_except_column_list",
+                &config.track_history_except_column_list,
+            ),
+        ],
+    )?
+    .unwrap_or(value_cols))
 }
 
 /// The value columns whose null in an upsert keeps the current value:
@@ -954,57 +919,87 @@ fn ignored_columns(
     target_cols: &[usize],
     key_idx: &[usize],
 ) -> Result<Vec<usize>> {
+    let value_cols = without(target_cols, key_idx);
+    let selected = value_selection(
+        config,
+        &value_cols,
+        [
+            (
+                "ignore_null_updates_column_list",
+                &config.ignore_null_updates_column_list,
+            ),
+            (
+                "ignore_null_updates_except_column_list",
+                &config.ignore_null_updates_except_column_list,
+            ),
+        ],
+    )?;
+    Ok(match selected {
+        Some(cols) => cols,
+        None if config.ignore_null_updates => value_cols,
+        None => Vec::new(),
+    })
+}
+
+fn without(cols: &[usize], drop: &[usize]) -> Vec<usize> {
+    cols.iter().copied().filter(|c| !drop.contains(c)).collect()
+}
+
+/// The value columns (target order) a setting's list names, or its except
+/// list leaves; None when neither is set. A list names target columns that
+/// are not keys; an except list may name any declared column.
+fn value_selection(
+    config: &FlowConfig,
+    value_cols: &[usize],
+    [(list_name, list), (except_name, except)]: [(&str, &Option<Vec<String>>); 2],
+) -> Result<Option<Vec<usize>>> {
     let f = config.name.as_str();
-    let value_cols: Vec<usize> = target_cols
-        .iter()
-        .copied()
-        .filter(|c| !key_idx.contains(c))
-        .collect();
-    let named = |list: &[String], what: &str| -> Result<HashSet<usize>> {
-        list.iter()
-            .map(|c| {
-                let i = find_column(config, c, what)?;
-                if value_cols.contains(&i) {
-                    Ok(i)
-                } else {
-                    Err(Error::definition(
+    Ok(match (list, except) {
+        (Some(_), Some(_)) => {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_SELECTION,
+                format!("{list_name} and {except_name} are mutually exclusive; keep one"),
+            ));
+        }
+        (Some(names), None) => {
+            let mut set = HashSet::new();
+            for c in names {
+                let i = find_column(config, c, list_name)?;
+                if !value_cols.contains(&i) {
+                    return Err(Error::definition(
                         f,
                         codes::INVALID_SELECTION,
                         format!(
-                            "{what} names `{c}`, which is a key or not a target column; list target columns that are not keys"
+                            "{list_name} names `{c}`, which is a key or not a target column; list target columns that are not keys"
                         ),
-                    ))
+                    ));
                 }
-            })
-            .collect()
-    };
-    Ok(
-        match (
-            &config.ignore_null_updates_column_list,
-            &config.ignore_null_updates_except_column_list,
-        ) {
-            (Some(_), Some(_)) => {
-                return Err(Error::definition(
-                    f,
-                    codes::INVALID_SELECTION,
-                    "ignore_null_updates_column_list and ignore_null_updates_except_column_list are mutually exclusive; keep one",
-                ));
+                set.insert(i);
             }
-            (Some(list), None) => {
-                let set = named(list, "ignore_null_updates_column_list")?;
-                value_cols.into_iter().filter(|c| set.contains(c)).collect()
-            }
-            (None, Some(except)) => {
-                let set = named(except, "ignore_null_updates_except_column_list")?;
+            Some(
                 value_cols
-                    .into_iter()
+                    .iter()
+                    .copied()
+                    .filter(|c| set.contains(c))
+                    .collect(),
+            )
+        }
+        (None, Some(names)) => {
+            let set: HashSet<usize> = names
+                .iter()
+                .map(|c| find_column(config, c, except_name))
+                .collect::<Result<_>>()?;
+            Some(
+                value_cols
+                    .iter()
+                    .copied()
                     .filter(|c| !set.contains(c))
-                    .collect()
-            }
-            (None, None) if config.ignore_null_updates => value_cols,
-            (None, None) => Vec::new(),
-        },
-    )
+                    .collect(),
+            )
+        }
+        (None, None) => None,
+    })
 }
 
 /// The flow's durations and bounds: tombstone lifetime, commit policy, key length.

@@ -139,14 +139,21 @@ pub struct Folding {
 }
 
 impl Folding {
+    /// The flow's folding, each set sorted (as recorded ones are), so
+    /// that a set listed in another order is the same folding.
     pub fn of(flow: &Flow) -> Folding {
+        let sorted = |v: &[usize]| {
+            let mut v = v.to_vec();
+            v.sort_unstable();
+            v
+        };
         Folding {
             tracked: if flow.scd2 {
-                flow.tracked.clone()
+                sorted(&flow.tracked)
             } else {
                 Vec::new()
             },
-            ignored: flow.ignore_null_cols.clone(),
+            ignored: sorted(&flow.ignore_null_cols),
         }
     }
 }
