@@ -48,6 +48,20 @@ async fn apply_all(engine: &mut Engine, flow: &Flow, batches: &[Vec<PEv>], t0: i
     }
 }
 
+/// The table `flow` gives from scratch: `first` then `second` applied to a
+/// new target, batch by batch.
+async fn from_scratch(
+    cat: &Arc<dyn Catalog>,
+    flow: &Flow,
+    first: &[Vec<PEv>],
+    second: &[Vec<PEv>],
+) -> std::collections::BTreeSet<Vec<String>> {
+    let mut fresh = open_engine(cat, flow).await;
+    let all: Vec<Vec<PEv>> = first.iter().chain(second).cloned().collect();
+    apply_all(&mut fresh, flow, &all, 1).await;
+    table_rows(&fresh).await
+}
+
 fn snapshots(engine: &Engine) -> usize {
     engine.target().metadata.snapshots().count()
 }
@@ -136,10 +150,7 @@ fn a_changed_tracked_set_refolds_the_history_as_if_it_had_always_been() {
                 );
 
                 let fresh_flow = tracked(&format!("crm.fresh_{i}_{j}"), now);
-                let mut fresh = open_engine(&cat, &fresh_flow).await;
-                let all: Vec<Vec<PEv>> = first().into_iter().chain(second()).collect();
-                apply_all(&mut fresh, &fresh_flow, &all, 1).await;
-                let want = table_rows(&fresh).await;
+                let want = from_scratch(&cat, &fresh_flow, &first(), &second()).await;
                 assert_eq!(got, want, "tracked `{was}` then `{now}`");
 
                 // The new set is recorded: a restart re-folds nothing.
@@ -243,10 +254,8 @@ fn refresh_history_rewrites_the_target_from_the_state() {
             apply_all(&mut engine, &flow, &second(), 30).await;
             let got = table_rows(&engine).await;
             let fresh_flow = people(shape, &format!("{target}_fresh"));
-            let mut fresh = open_engine(&cat, &fresh_flow).await;
-            let all: Vec<Vec<PEv>> = first().into_iter().chain(second()).collect();
-            apply_all(&mut fresh, &fresh_flow, &all, 1).await;
-            assert_eq!(got, table_rows(&fresh).await, "{shape:?}");
+            let want = from_scratch(&cat, &fresh_flow, &first(), &second()).await;
+            assert_eq!(got, want, "{shape:?}");
             let props = &engine
                 .target()
                 .metadata
@@ -376,11 +385,8 @@ fn reordered_columns_keep_their_values_in_the_state() {
             engine.apply(batch, 10 + i as i64).await.unwrap();
         }
         let fresh_flow = people(SCD2, "crm.reordered_fresh");
-        let mut fresh = open_engine(&cat, &fresh_flow).await;
-        let all: Vec<Vec<PEv>> = first().into_iter().chain(second()).collect();
-        apply_all(&mut fresh, &fresh_flow, &all, 1).await;
         // Rows render in the target's (first) column order either way.
-        let want = table_rows(&fresh).await;
+        let want = from_scratch(&cat, &fresh_flow, &first(), &second()).await;
         assert_eq!(table_rows(&engine).await, want);
         assert_eq!(table_rows(&open_engine(&cat, &b).await).await, want);
         assert_eq!(table_rows(&open_engine(&cat, &a).await).await, want);
@@ -471,10 +477,7 @@ fn null_ignoring_columns_are_a_list_and_a_changed_list_refolds() {
                     let mut engine = open_engine(&cat, &b).await;
                     apply_all(&mut engine, &b, &second, 10).await;
                     let fresh_flow = with(&format!("{target}_fresh"), shape, now);
-                    let mut fresh = open_engine(&cat, &fresh_flow).await;
-                    let all: Vec<Vec<PEv>> = first.iter().chain(&second).cloned().collect();
-                    apply_all(&mut fresh, &fresh_flow, &all, 1).await;
-                    let want = table_rows(&fresh).await;
+                    let want = from_scratch(&cat, &fresh_flow, &first, &second).await;
                     assert_eq!(table_rows(&engine).await, want, "`{was}` then `{now}`");
                     assert_eq!(table_rows(&open_engine(&cat, &b).await).await, want);
                 }

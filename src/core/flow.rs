@@ -339,7 +339,7 @@ pub struct Flow {
     pub truncates: Option<Predicate>,
     /// SCD Type 2: the target keeps every version with `__START_AT` / `__END_AT`.
     pub scd2: bool,
-    /// Source columns whose change opens a new SCD Type 2 version.
+    /// Source columns whose change opens a new SCD Type 2 version, sorted.
     pub tracked: Vec<usize>,
     /// Some value column keeps its value on a null (`ignore_null_cols` is not empty).
     pub ignore_null_updates: bool,
@@ -443,8 +443,11 @@ impl Flow {
         };
         let deletes = predicate(&config.apply_as_deletes)?;
         let truncates = predicate(&config.apply_as_truncates)?;
-        let tracked = tracked_columns(&config, &target_cols, &key_idx)?;
-        let ignore_null_cols = ignored_columns(&config, &target_cols, &key_idx)?;
+        // Both sorted: `Folding` compares them with the sets a target records.
+        let mut tracked = tracked_columns(&config, &target_cols, &key_idx)?;
+        tracked.sort_unstable();
+        let mut ignore_null_cols = ignored_columns(&config, &target_cols, &key_idx)?;
+        ignore_null_cols.sort_unstable();
         let (tombstone_gc, commit, max_key_bytes) = settings(&config)?;
         let maintenance = maintenance_policy(&config)?;
         let compaction = compaction_policy(&config)?;

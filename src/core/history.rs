@@ -139,21 +139,16 @@ pub struct Folding {
 }
 
 impl Folding {
-    /// The flow's folding, each set sorted (as recorded ones are), so
-    /// that a set listed in another order is the same folding.
+    /// The flow's folding (its sets are sorted, as recorded ones are, so
+    /// a set listed in another order is the same folding).
     pub fn of(flow: &Flow) -> Folding {
-        let sorted = |v: &[usize]| {
-            let mut v = v.to_vec();
-            v.sort_unstable();
-            v
-        };
         Folding {
             tracked: if flow.scd2 {
-                sorted(&flow.tracked)
+                flow.tracked.clone()
             } else {
                 Vec::new()
             },
-            ignored: sorted(&flow.ignore_null_cols),
+            ignored: flow.ignore_null_cols.clone(),
         }
     }
 }

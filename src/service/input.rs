@@ -145,18 +145,13 @@ fn conform_at(flow: &Flow, batch: &RecordBatch, first_row: usize) -> Result<Reco
             continue;
         };
         if let Some(prev) = named[i] {
-            return Err(Error::Batch {
-                code: codes::BAD_COLUMN,
-                flow: flow.name.clone(),
-                row: first_row,
-                column: f.name().clone(),
-                message: format!(
-                    "input columns `{}` and `{}` both name column `{}` (names match regardless of case unless the flow sets case_sensitive = true); send one",
-                    input.field(prev).name(),
-                    f.name(),
-                    schema.field(i).name()
-                ),
-            });
+            return Err(same_column(
+                flow,
+                first_row,
+                input.field(prev).name(),
+                f.name(),
+                i,
+            ));
         }
         named[i] = Some(j);
     }
@@ -678,6 +673,21 @@ fn body_err(
     }
 }
 
+/// Two input fields (JSON keys, Arrow or CSV columns) of row `row` that
+/// name declared column `col`: they differ only in case.
+fn same_column(flow: &Flow, row: usize, first: &str, second: &str, col: usize) -> Error {
+    Error::Batch {
+        code: codes::BAD_COLUMN,
+        flow: flow.name.clone(),
+        row,
+        column: second.to_string(),
+        message: format!(
+            "fields `{first}` and `{second}` both name column `{}` (names match regardless of case unless the flow sets case_sensitive = true); send one",
+            flow.source_arrow.field(col).name()
+        ),
+    }
+}
+
 /// JSON object keys in another case than the definition's names.
 mod json {
     use super::*;
@@ -705,15 +715,7 @@ mod json {
                 };
                 let name = flow.source_arrow.field(i).name();
                 if let Some(prev) = seen[i] {
-                    return Err(Error::Batch {
-                        code: codes::BAD_COLUMN,
-                        flow: flow.name.clone(),
-                        row: r,
-                        column: key.to_string(),
-                        message: format!(
-                            "fields `{prev}` and `{key}` both name column `{name}` (names match regardless of case unless the flow sets case_sensitive = true); send one"
-                        ),
-                    });
+                    return Err(same_column(flow, r, prev, key, i));
                 }
                 seen[i] = Some(key);
                 if key != name {

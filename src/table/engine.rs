@@ -421,11 +421,13 @@ fn recorded_folding(flow: &Flow, marker: &HashMap<String, String>) -> Result<Fol
     let ignored = match marker.get(PROP_IGNORE_NULLS) {
         Some(json) => column_set(flow, PROP_IGNORE_NULLS, json)?,
         // Written before the property: no column lists existed.
-        None if flow.config.ignore_null_updates => flow.value_cols(),
+        None if flow.config.ignore_null_updates => {
+            let mut all = flow.value_cols();
+            all.sort_unstable();
+            all
+        }
         None => Vec::new(),
     };
-    let mut ignored = ignored;
-    ignored.sort_unstable();
     Ok(Folding { tracked, ignored })
 }
 
@@ -1110,14 +1112,28 @@ impl Engine {
             "the tracked or null-ignoring columns changed: re-folding the history"
         );
         self.folded_with = now;
+        self.commit_from_state(plan, now_ms, Mode::Delta, clock)
+            .await
+    }
+
+    /// Commits a plan made from the state alone (a re-fold, a rebuild): no
+    /// input batch, and the input offsets stay where they are.
+    async fn commit_from_state(
+        &mut self,
+        plan: Plan,
+        now_ms: i64,
+        mode: Mode,
+        clock: std::time::Instant,
+    ) -> Result<CommitReport> {
         let empty = RecordBatch::new_empty(self.flow.source_arrow.clone());
+        let (input_offset, offsets) = (self.input_offset, self.offsets.clone());
         self.commit_planned(
             Planned::of(plan),
             &empty,
             now_ms,
-            self.input_offset,
-            self.offsets.clone(),
-            Mode::Delta,
+            input_offset,
+            offsets,
+            mode,
             clock,
         )
         .await
@@ -1134,19 +1150,9 @@ impl Engine {
         let plan = self.state.rebuild(&self.flow)?;
         self.folded_with = Folding::of(&self.flow);
         self.state_complete = true;
-        let empty = RecordBatch::new_empty(self.flow.source_arrow.clone());
         let report = self
-            .commit_planned(
-                Planned::of(plan),
-                &empty,
-                now_ms,
-                self.input_offset,
-                self.offsets.clone(),
-                Mode::Rebuild,
-                clock,
-            )
-            .await
-            .map_err(Failure::into_error)?;
+            .commit_from_state(plan, now_ms, Mode::Rebuild, clock)
+            .await?;
         // Every row is in a new file: forget the old ones.
         self.file_partitions = None;
         self.gone_files = 0;
