@@ -2,7 +2,8 @@
 # Writes the SCD Type 1 battery and two history tables (SCD Type 2 with
 # __START_AT/__END_AT, and SCD Type 1 with ignore_null_updates) through the
 # end-to-end tests, and a ~100k-event ghost-kitchen feed (through `autocdc
-# apply`), into Hadoop-catalog warehouses, then reads every table with
+# apply`), and the README's schema-change example (a table evolved by its
+# definition), into Hadoop-catalog warehouses, then reads every table with
 # DuckDB's iceberg extension and with PyIceberg and compares with the
 # expected rows / an SQL oracle.
 set -euo pipefail
@@ -35,6 +36,20 @@ bin="$CARGO_TARGET_DIR/debug/autocdc"
 "$bin" apply --config "$out/autocdc.toml" --flow ghost_kitchen_partitioned "$out"/gk/*.parquet
 "$bin" maintain --config "$out/autocdc.toml" --orphans-older-than off
 "$bin" state --config "$out/autocdc.toml" kitchen.orders
+# README "Schema changes": a table whose definition evolved (widened,
+# renamed and added columns), read through its older files.
+mkdir -p "$out/expected"
+for v in 1 2; do
+  sed -e "s#^warehouse = .*#warehouse = \"$out/evowh\"#" "examples/orders-v$v.toml" > "$out/orders-v$v.toml"
+  "$bin" apply --config "$out/orders-v$v.toml" --flow orders "examples/orders-$v.ndjson"
+done
+d="$out/evowh/shop/orders/metadata"
+cat > "$out/expected/schema_change.json" <<EOF
+{"name": "schema_change", "metadata": "$d/v$(cat "$d/version-hint.text").metadata.json",
+ "columns": ["id", "qty", "product", "note", "seq"], "keys": ["id"],
+ "rows": [["1", "2", "pen", "NULL", "1"], ["2", "3", "ink", "gift", "3"],
+          ["3000000000", "5000000000", "box", "NULL", "4"]]}
+EOF
 metas=()
 for t in orders orders_partitioned; do
   d="$out/gkwh/kitchen/$t/metadata"

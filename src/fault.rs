@@ -21,6 +21,9 @@ pub enum FaultPoint {
     AfterTargetMetadata,
     /// Everything is committed; the caller has not been told.
     AfterTargetCommit,
+    /// Opening an evolved definition: the state table's schema is
+    /// committed; the target's is not.
+    AfterStateSchema,
     /// Merged manifests are written; the commit that names them is not made.
     AfterManifestMerge,
     /// Compaction: the rewritten data files and merged deletes are written;

@@ -120,6 +120,45 @@ fn from_snapshot_example() {
     );
 }
 
+/// README "Schema changes": the orders flow applied under
+/// `examples/orders-v1.toml`, then under `examples/orders-v2.toml` (widened,
+/// renamed, added columns).
+#[test]
+fn schema_change_example() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = tempfile::tempdir().unwrap();
+    let got = rt().block_on(async {
+        let faults = std::sync::Arc::new(autocdc::fault::Faults::default());
+        let mut last = None;
+        for (config, file) in [
+            ("orders-v1.toml", "orders-1.ndjson"),
+            ("orders-v2.toml", "orders-2.ndjson"),
+        ] {
+            let mut config = Config::load(&root.join("examples").join(config)).unwrap();
+            config.catalog = CatalogConfig::Hadoop {
+                warehouse: tmp.path().to_str().unwrap().into(),
+                s3: None,
+            };
+            let flow = config.flow("orders").unwrap();
+            let cat = autocdc::table::catalog::open(&config.catalog, faults.clone()).unwrap();
+            let b = autocdc::service::input::read_file(&flow, &root.join("examples").join(file))
+                .unwrap();
+            let mut engine = open_engine(&cat, &flow).await;
+            engine.apply(&b, 1_000).await.unwrap();
+            last = Some(engine);
+        }
+        table_rows(&last.unwrap()).await
+    });
+    assert_eq!(
+        got,
+        rows(&[
+            &["1", "2", "pen", "NULL", "1"],
+            &["2", "3", "ink", "gift", "3"],
+            &["3000000000", "5000000000", "box", "NULL", "4"],
+        ])
+    );
+}
+
 #[test]
 fn every_flow_of_the_examples_config_is_exercised() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

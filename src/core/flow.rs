@@ -138,6 +138,10 @@ pub struct ColumnDef {
     pub ty: String,
     #[serde(default)]
     pub required: bool,
+    /// The column's name before a rename: the target's column keeps its
+    /// field id and its values (schema evolution).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renamed_from: Option<String>,
 }
 
 /// A flow as written in TOML (or sent over HTTP), fields named after
@@ -478,6 +482,26 @@ impl Flow {
         })
     }
 
+    /// `(new, old)` for each column the definition says was renamed.
+    pub fn renames(&self) -> Vec<(String, String)> {
+        self.config
+            .columns
+            .iter()
+            .filter_map(|c| Some((c.name.clone(), c.renamed_from.clone()?)))
+            .filter(|(n, o)| n != o)
+            .collect()
+    }
+
+    /// The column an input field of a renamed column's previous name stands
+    /// for (records logged before the rename), when no column has that name.
+    pub fn renamed_column(&self, field: &str) -> Option<usize> {
+        self.config
+            .columns
+            .iter()
+            .position(|c| c.renamed_from.as_deref() == Some(field))
+            .filter(|_| self.input_column(field).is_none())
+    }
+
     pub fn column_name(&self, source_idx: usize) -> &str {
         self.source_arrow.field(source_idx).name()
     }
@@ -630,6 +654,27 @@ fn declared_columns(config: &FlowConfig) -> Result<Vec<Declared>> {
             ));
         };
         fields.push((i, c.name.clone(), ty, c.required));
+    }
+    for c in &config.columns {
+        let Some(old) = &c.renamed_from else { continue };
+        let taken = config
+            .columns
+            .iter()
+            .find(|o| o.name != c.name && o.name.eq_ignore_ascii_case(old));
+        if old.is_empty() || taken.is_some() {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_DEFINITION,
+                format!(
+                    "column `{}` is renamed_from `{old}`, which {}; renamed_from names the column's previous name in the target",
+                    c.name,
+                    match taken {
+                        Some(o) => format!("is declared too (as `{}`)", o.name),
+                        None => "is empty".to_string(),
+                    }
+                ),
+            ));
+        }
     }
     Ok(fields)
 }
@@ -1360,6 +1405,7 @@ mod tests {
             name: "__START_AT".into(),
             ty: "long".into(),
             required: false,
+            renamed_from: None,
         });
         assert_eq!(code_of(c), codes::RESERVED_COLUMN);
     }
@@ -1385,6 +1431,7 @@ mod tests {
             name: "flag".into(),
             ty: "boolean".into(),
             required: false,
+            renamed_from: None,
         });
         c.sequence_by = OneOrMany::Many(vec!["seq".into(), "flag".into()]);
         assert_eq!(code_of(c), codes::NON_ORDERABLE_SEQUENCE);

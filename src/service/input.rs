@@ -141,7 +141,11 @@ fn conform_at(flow: &Flow, batch: &RecordBatch, first_row: usize) -> Result<Reco
     let input = batch.schema();
     let mut named: Vec<Option<usize>> = vec![None; schema.fields().len()];
     for (j, f) in input.fields().iter().enumerate() {
-        let Some(i) = flow.input_column(f.name()) else {
+        // A renamed column's previous name: records logged before the rename.
+        let Some(i) = flow
+            .input_column(f.name())
+            .or_else(|| flow.renamed_column(f.name()))
+        else {
             continue;
         };
         if let Some(prev) = named[i] {
@@ -390,13 +394,20 @@ fn arrow_err(flow: &Flow, message: String) -> Error {
 /// against the body before anything is allocated on its say-so, and a panic
 /// inside the decoder is a 400, not a dead worker.
 pub fn decode_arrow_ipc(flow: &Flow, body: &[u8], limits: Limits) -> Result<RecordBatch> {
+    decode_ipc(flow, body, limits, true)
+}
+
+/// `strict`: a field that names no column (nor a renamed column's previous
+/// name) is refused. A log record is read leniently: it was accepted under
+/// the definition of its time, whose dropped columns it may still hold.
+fn decode_ipc(flow: &Flow, body: &[u8], limits: Limits, strict: bool) -> Result<RecordBatch> {
     if let Err(why) = check_ipc_framing(body) {
         return Err(arrow_err(
             flow,
             format!("the Arrow IPC stream is refused: {why}"),
         ));
     }
-    match catch_quietly(|| read_ipc(flow, body, limits)) {
+    match catch_quietly(|| read_ipc(flow, body, limits, strict)) {
         Ok(r) => r,
         Err(_) => Err(arrow_err(
             flow,
@@ -513,12 +524,14 @@ fn check_ipc_framing(body: &[u8]) -> std::result::Result<(), String> {
     Ok(())
 }
 
-fn read_ipc(flow: &Flow, body: &[u8], limits: Limits) -> Result<RecordBatch> {
+fn read_ipc(flow: &Flow, body: &[u8], limits: Limits, strict: bool) -> Result<RecordBatch> {
     let reader = arrow_ipc::reader::StreamReader::try_new(body, None)
         .map_err(|e| arrow_err(flow, format!("the body is not an Arrow IPC stream: {e}")))?;
     let schema = reader.schema();
     for f in schema.fields() {
-        if flow.input_column(f.name()).is_none() {
+        let known =
+            flow.input_column(f.name()).is_some() || flow.renamed_column(f.name()).is_some();
+        if strict && !known {
             return Err(body_err(
                 flow,
                 codes::BAD_COLUMN,
@@ -544,7 +557,7 @@ fn read_ipc(flow: &Flow, body: &[u8], limits: Limits) -> Result<RecordBatch> {
             ));
         }
     }
-    if schema.fields().len() > flow.source_arrow.fields().len() {
+    if strict && schema.fields().len() > flow.source_arrow.fields().len() {
         return Err(arrow_err(
             flow,
             format!(
@@ -624,7 +637,7 @@ fn view_lengths(views: &[u128]) -> Vec<usize> {
 /// Decodes a record of this service's own ingest log (written by
 /// `encode_arrow_ipc` after the push was accepted).
 pub fn decode_log_payload(flow: &Flow, payload: &[u8]) -> Result<RecordBatch> {
-    decode_arrow_ipc(flow, payload, Limits::NONE)
+    decode_ipc(flow, payload, Limits::NONE, false)
 }
 
 /// The batch as an Arrow IPC stream (the ingest log's payload).
@@ -901,6 +914,65 @@ mod tests {
             assert_eq!(b.column(2).as_primitive::<Int64Type>().values(), &[3, 4]);
             assert_eq!(b.column(1).as_string::<i32>().value(0), "Leeds");
         }
+    }
+
+    /// A record the log kept from before the definition changed decodes
+    /// under the new one: a renamed column's values arrive under its new
+    /// name, an added one is null, a dropped one is left out. A body is
+    /// still strict about fields that name no column.
+    #[test]
+    fn a_logged_record_decodes_after_a_rename_an_add_and_a_drop() {
+        let old = flow();
+        let batch = decode_ndjson(
+            &old,
+            b"{\"id\": 1, \"city\": \"Leeds\", \"seq\": 3}\n",
+            Limits::NONE,
+        )
+        .unwrap();
+        let payload = encode_arrow_ipc(&batch).unwrap();
+        let new = Flow::new(
+            toml::from_str(
+                r#"
+                name = "c"
+                target = "a.c"
+                keys = ["id"]
+                sequence_by = "seq"
+                columns = [
+                  { name = "id", type = "long", required = true },
+                  { name = "town", type = "string", renamed_from = "city" },
+                  { name = "note", type = "string" },
+                  { name = "seq", type = "long", required = true },
+                ]
+                "#,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let b = decode_log_payload(&new, &payload).unwrap();
+        assert_eq!(b.schema(), new.source_arrow);
+        assert_eq!(b.column(1).as_string::<i32>().value(0), "Leeds");
+        assert!(b.column(2).is_null(0));
+        assert_eq!(b.column(3).as_primitive::<Int64Type>().value(0), 3);
+        let dropped = Flow::new(
+            toml::from_str(
+                r#"
+                name = "c"
+                target = "a.c"
+                keys = ["id"]
+                sequence_by = "seq"
+                columns = [
+                  { name = "id", type = "long", required = true },
+                  { name = "seq", type = "long", required = true },
+                ]
+                "#,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let b = decode_log_payload(&dropped, &payload).unwrap();
+        assert_eq!(b.schema(), dropped.source_arrow);
+        let e = decode_arrow_ipc(&dropped, &payload, Limits::NONE).unwrap_err();
+        assert_eq!(e.code(), codes::BAD_COLUMN, "{e}");
     }
 
     /// Spark's default: input fields match the definition regardless of

@@ -10,7 +10,7 @@ pub fn render(service: &Service) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     type Metric = (&'static str, &'static str, fn(&FlowStatus) -> f64);
-    let counters: [Metric; 36] = [
+    let counters: [Metric; 38] = [
         ("autocdc_rows_in_total", "counter", |s| {
             s.counters.rows_in as f64
         }),
@@ -54,6 +54,10 @@ pub fn render(service: &Service) -> String {
             s.wal.failing as u8 as f64
         }),
         ("autocdc_dead_letters", "gauge", |s| s.dead_letters as f64),
+        ("autocdc_schema_id", "gauge", |s| s.schema_id as f64),
+        ("autocdc_schema_evolutions_total", "counter", |s| {
+            s.schema_evolutions as f64
+        }),
         ("autocdc_idempotency_window_seconds", "gauge", |s| {
             s.idempotency_window_ms as f64 / 1e3
         }),

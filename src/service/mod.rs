@@ -88,6 +88,12 @@ pub struct FlowStatus {
     pub snapshot_version: Option<i64>,
     /// Records kept in the flow's dead-letter area (`GET .../dead-letters`).
     pub dead_letters: usize,
+    /// The target's current schema id: it moves when a changed definition
+    /// evolves the schema.
+    pub schema_id: i32,
+    /// Schema changes (of the target or the state table) committed for
+    /// this flow since the process started.
+    pub schema_evolutions: u64,
     pub maintenance: MaintenanceStatus,
 }
 
@@ -587,6 +593,12 @@ impl Service {
             state_keys: summary.keys,
             state_tombstones: summary.tombstones,
             snapshot_version,
+            schema_id: engine.target().metadata.current_schema_id(),
+            schema_evolutions: self
+                .flow(&flow.name)
+                .map(|rt| rt.status().schema_evolutions)
+                .unwrap_or(0)
+                + engine.evolved().len() as u64,
             ..Default::default()
         };
         let (committed_tx, _) = watch::channel(Committed {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
-use arrow_array::{Array, ArrayRef, RecordBatch, UInt32Array, new_null_array};
+use arrow_array::{Array, ArrayRef, RecordBatch, UInt32Array};
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::SchemaRef as ArrowSchemaRef;
 use arrow_select::take::take;
@@ -431,7 +431,7 @@ async fn load_eq(
             .iter()
             .zip(&cols)
             .map(|(id, &c)| {
-                let at = column_for(&b, *id, arrow.field(c).name())
+                let at = write::column_for(&b, *id, arrow.field(c).name())
                     .ok_or_else(|| bad_file(e.path(), &format!("no column for field id {id}")))?;
                 Ok(arrow_cast::cast(b.column(at), arrow.field(c).data_type())?)
             })
@@ -440,49 +440,6 @@ async fn load_eq(
         rows.extend(r.iter().map(|row| Box::<[u8]>::from(row.as_ref())));
     }
     Ok(EqSet { cols, conv, rows })
-}
-
-/// The column of `b` holding Iceberg field `id` (by its Parquet field id),
-/// else the one named `name`.
-fn column_for(b: &RecordBatch, id: i32, name: &str) -> Option<usize> {
-    let schema = b.schema();
-    schema
-        .fields()
-        .iter()
-        .position(|f| {
-            f.metadata()
-                .get(parquet::arrow::PARQUET_FIELD_ID_META_KEY)
-                .and_then(|v| v.parse::<i32>().ok())
-                == Some(id)
-        })
-        .or_else(|| schema.index_of(name).ok())
-}
-
-/// A data file's batch in the table's current Arrow schema: columns found by
-/// field id (else name), cast to the current type; a column the file lacks
-/// is null (refused when required).
-fn project(
-    b: &RecordBatch,
-    path: &str,
-    schema: &Schema,
-    arrow: &ArrowSchemaRef,
-) -> Result<RecordBatch> {
-    let cols = arrow
-        .fields()
-        .iter()
-        .map(|f| {
-            let id = schema.field_by_name(f.name()).map(|n| n.id).unwrap_or(-1);
-            match column_for(b, id, f.name()) {
-                Some(at) => Ok(arrow_cast::cast(b.column(at), f.data_type())?),
-                None if f.is_nullable() => Ok(new_null_array(f.data_type(), b.num_rows())),
-                None => Err(bad_file(
-                    path,
-                    &format!("required column `{}` is missing", f.name()),
-                )),
-            }
-        })
-        .collect::<Result<Vec<ArrayRef>>>()?;
-    Ok(RecordBatch::try_new(arrow.clone(), cols)?)
 }
 
 /// Reads the selected files, applies their deletes, writes the survivors
@@ -528,7 +485,8 @@ pub async fn rewrite(
         let mut base = 0usize;
         let mut del = deleted.iter().peekable();
         for raw in read_parquet(file_io, d.path()).await? {
-            let b = project(&raw, d.path(), &schema, &arrow)?;
+            let b = write::to_schema(&raw, &schema, &arrow)
+                .map_err(|what| bad_file(d.path(), &what))?;
             let n = b.num_rows();
             let mut keep = vec![true; n];
             while let Some(&&p) = del.peek() {

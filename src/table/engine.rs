@@ -23,7 +23,8 @@ use iceberg::spec::{
 };
 use serde::Serialize;
 
-use crate::core::flow::{Flow, START_AT};
+use crate::core::evolve::{self, Evolution, Refusal, Rules};
+use crate::core::flow::{END_AT, Flow, START_AT};
 use crate::core::from_snapshot;
 use crate::core::history::Folding;
 use crate::core::offsets::{self, LogRef, Offsets, PROP_INPUT_OFFSETS};
@@ -361,6 +362,8 @@ pub struct Engine {
     /// History flows: how the target's rows are folded; when it is not
     /// how the flow folds, the next apply re-folds first.
     folded_with: Folding,
+    /// The schema changes this open committed ("table: changes").
+    evolved: Vec<String>,
 }
 
 fn target_properties(flow: &Flow) -> HashMap<String, String> {
@@ -405,11 +408,20 @@ async fn ensure_properties(
 }
 
 /// How a history flow's target rows were folded, as its latest snapshot
-/// of this flow records it.
-fn recorded_folding(flow: &Flow, marker: &HashMap<String, String>) -> Result<Folding> {
+/// of this flow records it. The recorded names are those of that
+/// snapshot's schema (`was`), followed by field id into the current one
+/// (`now`): a renamed column stays in its set, a dropped one leaves it. A
+/// column added since is null in every event folded then, so both choices
+/// folded alike: it takes the definition's, and adding it re-folds nothing.
+fn recorded_folding(
+    flow: &Flow,
+    marker: &HashMap<String, String>,
+    was: Option<&Schema>,
+    now: &Schema,
+) -> Result<Folding> {
     let tracked = match marker.get(PROP_TRACK_HISTORY) {
         _ if !flow.scd2 => Vec::new(),
-        Some(json) => column_set(flow, PROP_TRACK_HISTORY, json)?,
+        Some(json) => column_set(flow, PROP_TRACK_HISTORY, json, was, now)?,
         // Written before the property: the sequence columns were never tracked.
         None => flow
             .tracked
@@ -419,20 +431,46 @@ fn recorded_folding(flow: &Flow, marker: &HashMap<String, String>) -> Result<Fol
             .collect(),
     };
     let ignored = match marker.get(PROP_IGNORE_NULLS) {
-        Some(json) => column_set(flow, PROP_IGNORE_NULLS, json)?,
+        Some(json) => column_set(flow, PROP_IGNORE_NULLS, json, was, now)?,
         // Written before the property: no column lists existed.
-        None if flow.config.ignore_null_updates => {
-            let mut all = flow.value_cols();
-            all.sort_unstable();
-            all
-        }
+        None if flow.config.ignore_null_updates => flow.value_cols(),
         None => Vec::new(),
     };
-    Ok(Folding { tracked, ignored })
+    let added = |c: usize| {
+        was.zip(now.field_by_name(flow.column_name(c)))
+            .is_some_and(|(was, f)| was.field_by_id(f.id).is_none())
+    };
+    let want = Folding::of(flow);
+    let with_added = |mut set: Vec<usize>, wanted: &[usize]| {
+        set.retain(|&c| !added(c));
+        set.extend(wanted.iter().copied().filter(|&c| added(c)));
+        set.sort_unstable();
+        set.dedup();
+        set
+    };
+    Ok(Folding {
+        tracked: with_added(tracked, &want.tracked),
+        ignored: with_added(ignored, &want.ignored),
+    })
+}
+
+/// A column named in schema `was` (a snapshot's), by its name in `now` (the
+/// current schema): None when it was dropped since.
+fn follow(name: &str, was: Option<&Schema>, now: &Schema) -> Option<String> {
+    match was.and_then(|w| w.field_by_name(name)) {
+        Some(f) => now.field_by_id(f.id).map(|g| g.name.clone()),
+        None => Some(name.to_string()),
+    }
 }
 
 /// A snapshot property's JSON list of value column names, as source indices (sorted).
-fn column_set(flow: &Flow, prop: &str, json: &str) -> Result<Vec<usize>> {
+fn column_set(
+    flow: &Flow,
+    prop: &str,
+    json: &str,
+    was: Option<&Schema>,
+    now: &Schema,
+) -> Result<Vec<usize>> {
     let bad = |message: String| Error::State {
         code: codes::SCHEMA_DRIFT,
         message: format!("flow `{}`: {prop} {message}", flow.name),
@@ -442,6 +480,7 @@ fn column_set(flow: &Flow, prop: &str, json: &str) -> Result<Vec<usize>> {
     let value_cols = flow.value_cols();
     let mut out = names
         .iter()
+        .filter_map(|n| follow(n, was, now))
         .map(|n| {
             value_cols
                 .iter()
@@ -457,6 +496,12 @@ fn column_set(flow: &Flow, prop: &str, json: &str) -> Result<Vec<usize>> {
     out.sort_unstable();
     out.dedup();
     Ok(out)
+}
+
+/// The schema of the latest snapshot of the target this flow wrote.
+fn our_latest_schema<'m>(meta: &'m TableMetadata, flow: &str) -> Option<&'m Schema> {
+    let s = meta.snapshot_by_id(our_latest_id(meta, flow)?)?;
+    meta.schema_by_id(s.schema_id()?).map(|s| s.as_ref())
 }
 
 /// The id of the latest snapshot of the target this flow wrote.
@@ -547,48 +592,166 @@ fn check_schema(flow: &Flow, meta: &TableMetadata) -> Result<()> {
             ),
         });
     }
-    for f in flow.target_schema.as_struct().fields() {
-        match table.field_by_name(&f.name) {
-            Some(t) if t.field_type == f.field_type => {}
-            other => {
-                return Err(Error::State {
-                    code: codes::SCHEMA_DRIFT,
-                    message: format!(
-                        "flow `{}`: column `{}` is {} in the flow but {} in the existing target {}; change the flow back or run `autocdc refresh --full {}`",
-                        flow.name,
-                        f.name,
-                        f.field_type,
-                        other
-                            .map(|t| t.field_type.to_string())
-                            .unwrap_or_else(|| "missing".into()),
-                        flow.target,
-                        flow.name
-                    ),
-                });
-            }
-        }
-    }
     Ok(())
+}
+
+/// A change `evolve` refuses, as the definition error it is.
+fn refused(flow: &Flow, table: &str, r: Refusal) -> Error {
+    Error::State {
+        code: codes::SCHEMA_DRIFT,
+        message: format!(
+            "flow `{}`: {r} (in {table}); change the flow back, or rebuild the target and its state with `autocdc refresh --full {}`",
+            flow.name, flow.name
+        ),
+    }
+}
+
+/// The schema the target moves to with the definition, if it differs: see
+/// `evolve`. SCD Type 2 refuses to drop a tracked column: the versions it
+/// split would have to merge, and the state would no longer hold its values
+/// to re-fold them.
+fn target_evolution(flow: &Flow, meta: &TableMetadata) -> Result<Option<Evolution>> {
+    let mut fixed: Vec<String> = flow
+        .key_idx
+        .iter()
+        .chain(&flow.seq_idx)
+        .map(|&c| flow.column_name(c).to_string())
+        .collect();
+    if flow.scd2 {
+        fixed.extend([START_AT.to_string(), END_AT.to_string()]);
+    }
+    let rules = Rules {
+        renames: flow.renames(),
+        fixed,
+        partition_sources: meta
+            .partition_specs_iter()
+            .flat_map(|s| s.fields().iter().map(|f| f.source_id))
+            .collect(),
+    };
+    let target = flow.target.to_string();
+    let evo = evolve::evolve(
+        meta.current_schema(),
+        &flow.target_schema,
+        meta.last_column_id(),
+        &rules,
+    )
+    .map_err(|r| refused(flow, &target, r))?;
+    let (Some(e), true) = (&evo, flow.scd2) else {
+        return Ok(evo);
+    };
+    let (Some(marker), _) = our_latest(meta, &flow.name) else {
+        return Ok(evo);
+    };
+    let now = meta.current_schema();
+    let was = our_latest_schema(meta, &flow.name);
+    // Without the property (earlier versions) every value column was tracked.
+    let tracked: Option<Vec<String>> = marker.get(PROP_TRACK_HISTORY).map(|json| {
+        serde_json::from_str::<Vec<String>>(json)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|n| follow(n, was, now))
+            .collect()
+    });
+    if let Some(d) = e
+        .dropped()
+        .find(|d| tracked.as_ref().is_none_or(|t| t.iter().any(|n| n == d)))
+    {
+        return Err(refused(
+            flow,
+            &target,
+            Refusal {
+                column: d.to_string(),
+                rule: "SCD Type 2 history tracks it, so dropping it would merge the versions it split; untrack it first (track_history_except_column_list, which re-folds the history from the state), then drop it".into(),
+            },
+        ));
+    }
+    Ok(evo)
+}
+
+/// The schema changes a definition makes to an existing target and its state table.
+#[derive(Default)]
+struct Evolutions {
+    target: Option<Evolution>,
+    state: Option<Evolution>,
 }
 
 /// An existing target (and its state table, when there is one) against
 /// the definition: the state's keys and sequence first (Spark's order), then
 /// the target's partitioning, keys and columns.
-fn check_drift(flow: &Flow, target: &TableState, state: Option<&TableState>) -> Result<()> {
+fn check_drift(flow: &Flow, target: &TableState, state: Option<&TableState>) -> Result<Evolutions> {
+    let mut evolutions = Evolutions::default();
     if let Some(s) = state {
         state_table::check(flow, s.metadata.current_schema())?;
+        evolutions.state = state_table::evolution(flow, &s.metadata)
+            .map_err(|r| refused(flow, &flow.state_ident().to_string(), r))?;
     }
-    check_schema(flow, &target.metadata)
+    check_schema(flow, &target.metadata)?;
+    evolutions.target = target_evolution(flow, &target.metadata)?;
+    Ok(evolutions)
+}
+
+/// Moves `table` to the evolved schema: one metadata commit, which fails
+/// (nothing changed) when the table's schema moved meanwhile.
+async fn evolve_table(
+    flow: &Flow,
+    catalog: &dyn Catalog,
+    table: TableState,
+    e: Evolution,
+) -> Result<TableState> {
+    let requirements = vec![
+        iceberg::TableRequirement::UuidMatch {
+            uuid: table.metadata.uuid(),
+        },
+        iceberg::TableRequirement::CurrentSchemaIdMatch {
+            current_schema_id: table.metadata.current_schema_id(),
+        },
+        iceberg::TableRequirement::LastAssignedFieldIdMatch {
+            last_assigned_field_id: table.metadata.last_column_id(),
+        },
+    ];
+    let updates = vec![
+        iceberg::TableUpdate::AddSchema {
+            schema: e.schema.clone(),
+        },
+        iceberg::TableUpdate::SetCurrentSchema { schema_id: -1 },
+    ];
+    let t = catalog.commit(&table, updates, requirements).await?;
+    tracing::info!(
+        flow = %flow.name,
+        table = %t.ident,
+        schema_id = t.metadata.current_schema_id(),
+        changes = %e.describe(),
+        "schema evolved"
+    );
+    Ok(t)
 }
 
 /// The target and the state table, each created when missing (the target
 /// checked against the definition when it exists).
-async fn open_tables(flow: &Flow, catalog: &dyn Catalog) -> Result<(TableState, TableState)> {
+async fn open_tables(
+    flow: &Flow,
+    catalog: &dyn Catalog,
+    faults: &Faults,
+    evolved: &mut Vec<String>,
+) -> Result<(TableState, TableState)> {
     let state_ident = flow.state_ident();
     let mut state_tbl = catalog.load_table(&state_ident).await?;
     let target = match catalog.load_table(&flow.target).await? {
-        Some(t) => {
-            check_drift(flow, &t, state_tbl.as_ref())?;
+        Some(mut t) => {
+            // Both checked before either changes; the state first, so a
+            // crash between the two commits is finished by the next open.
+            let evolutions = check_drift(flow, &t, state_tbl.as_ref())?;
+            if let Some(e) = evolutions.state
+                && let Some(s) = state_tbl.take()
+            {
+                evolved.push(format!("{}: {}", s.ident, e.describe()));
+                state_tbl = Some(evolve_table(flow, catalog, s, e).await?);
+            }
+            faults.hit(FaultPoint::AfterStateSchema)?;
+            if let Some(e) = evolutions.target {
+                evolved.push(format!("{}: {}", t.ident, e.describe()));
+                t = evolve_table(flow, catalog, t, e).await?;
+            }
             ensure_properties(flow, catalog, t).await?
         }
         None => {
@@ -650,14 +813,28 @@ async fn read_state(
         });
     }
     let t = state_tbl.table(catalog.file_io())?;
-    Ok(t.scan()
+    let batches: Vec<RecordBatch> = t
+        .scan()
         .snapshot_id(sid)
         .select_all()
         .build()?
         .to_arrow()
         .await?
         .try_collect()
-        .await?)
+        .await?;
+    // Read in the snapshot's schema: into the current one by field id (a
+    // column evolved since is renamed, widened, or null when added).
+    let now = state_tbl.metadata.current_schema();
+    let arrow = Arc::new(schema_to_arrow_schema(now)?);
+    batches
+        .iter()
+        .map(|b| {
+            write::to_schema(b, now, &arrow).map_err(|what| Error::State {
+                code: codes::STATE_SCHEMA,
+                message: format!("flow `{}`: the state table's {what}", flow.name),
+            })
+        })
+        .collect()
 }
 
 impl Engine {
@@ -677,7 +854,7 @@ impl Engine {
         match catalog.load_table(&flow.target).await? {
             Some(t) => {
                 let state = catalog.load_table(&flow.state_ident()).await?;
-                check_drift(flow, &t, state.as_ref())
+                check_drift(flow, &t, state.as_ref()).map(|_| ())
             }
             None => Ok(()),
         }
@@ -692,7 +869,9 @@ impl Engine {
         log: Option<LogRef>,
     ) -> Result<Engine> {
         let codec = Codec::new(&flow)?;
-        let (target, state_tbl) = open_tables(&flow, catalog.as_ref()).await?;
+        let mut evolved = Vec::new();
+        let (target, state_tbl) =
+            open_tables(&flow, catalog.as_ref(), &faults, &mut evolved).await?;
         let (marker, foreign) = our_latest(&target.metadata, &flow.name);
         let num =
             |m: &HashMap<String, String>, k: &str| m.get(k).and_then(|v| v.parse::<i64>().ok());
@@ -732,10 +911,16 @@ impl Engine {
         };
         let snapshot_version = marker.as_ref().and_then(|m| num(m, PROP_SNAPSHOT_VERSION));
         let folded_with = match (&marker, state_snapshot) {
-            (Some(m), Some(_)) if flow.keeps_history() => recorded_folding(&flow, m)?,
+            (Some(m), Some(_)) if flow.keeps_history() => recorded_folding(
+                &flow,
+                m,
+                our_latest_schema(&target.metadata, &flow.name),
+                target.metadata.current_schema(),
+            )?,
             _ => Folding::of(&flow),
         };
         let mut engine = Engine {
+            evolved,
             folded_with,
             snapshot_version,
             floor,
@@ -772,6 +957,11 @@ impl Engine {
             engine.gone_files = engine.state.files_mut().mark_gone(|p| live.contains_key(p));
         }
         Ok(engine)
+    }
+
+    /// The schema changes this open committed, one "table: changes" each.
+    pub fn evolved(&self) -> &[String] {
+        &self.evolved
     }
 
     pub fn target(&self) -> &TableState {

@@ -27,11 +27,12 @@ use arrow_array::types::Int64Type;
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::SchemaRef;
 use iceberg::arrow::schema_to_arrow_schema;
-use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+use iceberg::spec::{NestedField, PrimitiveType, Schema, TableMetadata, Type};
 
 use crate::error::{Error, Result, codes};
 use std::collections::HashMap;
 
+use crate::core::evolve::{Evolution, Refusal, Rules, evolve, promotes};
 use crate::core::flow::Flow;
 use crate::core::history::{Event, HistCodec, History};
 use crate::core::resolve::Codec;
@@ -142,7 +143,7 @@ pub fn check(flow: &Flow, have: &Schema) -> Result<()> {
     let split = |s: &Schema| {
         let (mut keys, mut seqs) = (Vec::new(), Vec::new());
         for f in s.as_struct().fields() {
-            let t = f.field_type.to_string();
+            let t = (*f.field_type).clone();
             if let Some(n) = f.name.strip_prefix("__autocdc_seq_") {
                 seqs.push((n.to_string(), t));
             } else if !f.name.starts_with("__autocdc_") {
@@ -152,7 +153,7 @@ pub fn check(flow: &Flow, have: &Schema) -> Result<()> {
         (keys, seqs)
     };
     let ((hk, hs), (wk, ws)) = (split(have), split(&want));
-    let names = |v: &[(String, String)]| {
+    let names = |v: &[(String, Type)]| {
         let mut n: Vec<&str> = v.iter().map(|(n, _)| n.as_str()).collect();
         n.sort_unstable();
         n.join(", ")
@@ -170,6 +171,31 @@ pub fn check(flow: &Flow, have: &Schema) -> Result<()> {
             ),
         })
     };
+    // One row per key, or every change per key: the state of one cannot be
+    // read as the other (values it never kept would read as nulls).
+    let history = |s: &Schema| {
+        s.as_struct()
+            .fields()
+            .iter()
+            .any(|f| f.name.starts_with("__autocdc_val_"))
+    };
+    if history(have) != history(&want) {
+        let kind = |h: bool| {
+            if h {
+                "every change per key (ignore_null_updates or SCD Type 2)"
+            } else {
+                "one entry per key"
+            }
+        };
+        return drift(
+            codes::SCHEMA_DRIFT,
+            format!(
+                "ignore_null_updates changed: the flow keeps {} but the state holds {}",
+                kind(history(&want)),
+                kind(history(have))
+            ),
+        );
+    }
     if names(&hk) != names(&wk) {
         return drift(
             codes::KEY_SCHEMA_DRIFT,
@@ -180,30 +206,71 @@ pub fn check(flow: &Flow, have: &Schema) -> Result<()> {
             ),
         );
     }
+    // Keys and sequences may widen (the state evolves with the target).
     for (n, t) in &wk {
-        if let Some((_, ht)) = hk.iter().find(|(h, _)| h == n).filter(|(_, ht)| ht != t) {
+        if let Some((_, ht)) = hk
+            .iter()
+            .find(|(h, _)| h == n)
+            .filter(|(_, ht)| !promotes(ht, t))
+        {
             return drift(
                 codes::KEY_SCHEMA_DRIFT,
-                format!("key column `{n}` is {t} in the flow but {ht}"),
+                format!("key column `{n}` is {t} in the flow but {ht}, which does not widen to it"),
             );
         }
     }
-    let list = |v: &[(String, String)]| {
+    let list = |v: &[(String, Type)]| {
         v.iter()
             .map(|(n, t)| format!("{n} {t}"))
             .collect::<Vec<_>>()
             .join(", ")
     };
-    if hs.len() != ws.len() || hs.iter().zip(&ws).any(|(h, w)| h != w) {
+    if hs.len() != ws.len()
+        || hs
+            .iter()
+            .zip(&ws)
+            .any(|(h, w)| h.0 != w.0 || !promotes(&h.1, &w.1))
+    {
         let detail = match hs.iter().zip(&ws).find(|(h, w)| h.0 == w.0 && h.1 != w.1) {
             Some(((n, ht), (_, wt))) => {
-                format!("sequence column `{n}` is {wt} in the flow but {ht}")
+                format!(
+                    "sequence column `{n}` is {wt} in the flow but {ht}, which does not widen to it"
+                )
             }
             None => format!("sequence_by is [{}] but it was [{}]", list(&ws), list(&hs)),
         };
         return drift(codes::SEQUENCING_TYPE_DRIFT, detail);
     }
     Ok(())
+}
+
+/// The schema the state table moves to with the definition (after `check`):
+/// widened keys and sequences, and for history flows the value columns
+/// added, widened, renamed (`renamed_from`) or dropped as in the target.
+pub fn evolution(
+    flow: &Flow,
+    have: &TableMetadata,
+) -> std::result::Result<Option<Evolution>, Refusal> {
+    let want = schema(flow).map_err(|e| Refusal {
+        column: String::new(),
+        rule: e.to_string(),
+    })?;
+    let mut fixed: Vec<String> = flow
+        .key_idx
+        .iter()
+        .map(|&k| flow.column_name(k).to_string())
+        .collect();
+    fixed.extend(flow.seq_idx.iter().map(|&s| seq_col(flow.column_name(s))));
+    let rules = Rules {
+        renames: flow
+            .renames()
+            .into_iter()
+            .map(|(n, o)| (val_col(&n), val_col(&o)))
+            .collect(),
+        fixed,
+        partition_sources: Vec::new(),
+    };
+    evolve(have.current_schema(), &want, have.last_column_id(), &rules)
 }
 
 pub fn arrow_schema(flow: &Flow) -> Result<SchemaRef> {

@@ -398,3 +398,47 @@ pub async fn single_data_file(
         b.partition_spec_id(spec_id).build().map_err(builder_err)?,
     ))
 }
+
+/// The column of `b` holding Iceberg field `id` (by its Parquet field id),
+/// else the one named `name`.
+pub fn column_for(b: &RecordBatch, id: i32, name: &str) -> Option<usize> {
+    let schema = b.schema();
+    schema
+        .fields()
+        .iter()
+        .position(|f| {
+            f.metadata()
+                .get(parquet::arrow::PARQUET_FIELD_ID_META_KEY)
+                .and_then(|v| v.parse::<i32>().ok())
+                == Some(id)
+        })
+        .or_else(|| schema.index_of(name).ok())
+}
+
+/// A batch read in an older schema of a table (a file's, a snapshot's), in
+/// the table's `schema` (`arrow` its Arrow form): columns found by field id
+/// (else name), cast to the current type (a widened column); a column the
+/// batch lacks (added since) is null. Err names a required column missing.
+pub fn to_schema(
+    b: &RecordBatch,
+    schema: &Schema,
+    arrow: &arrow_schema::SchemaRef,
+) -> std::result::Result<RecordBatch, String> {
+    let cols = arrow
+        .fields()
+        .iter()
+        .map(|f| {
+            let id = schema.field_by_name(f.name()).map(|n| n.id).unwrap_or(-1);
+            match column_for(b, id, f.name()) {
+                Some(at) => {
+                    arrow_cast::cast(b.column(at), f.data_type()).map_err(|e| e.to_string())
+                }
+                None if f.is_nullable() => {
+                    Ok(arrow_array::new_null_array(f.data_type(), b.num_rows()))
+                }
+                None => Err(format!("required column `{}` is missing", f.name())),
+            }
+        })
+        .collect::<std::result::Result<Vec<ArrayRef>, String>>()?;
+    RecordBatch::try_new(arrow.clone(), cols).map_err(|e| e.to_string())
+}

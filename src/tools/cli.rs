@@ -382,8 +382,9 @@ async fn show(config: &Path, warehouse: Option<String>, table: &str, limit: usiz
     let total: usize = batches.iter().map(|b| b.num_rows()).sum();
     print_rows(&batches, limit)?;
     println!(
-        "({total} rows; snapshot {:?})",
-        t.metadata.current_snapshot_id()
+        "({total} rows; snapshot {:?}; schema {})",
+        t.metadata.current_snapshot_id(),
+        t.metadata.current_schema_id()
     );
     Ok(())
 }

@@ -1,0 +1,516 @@
+//! Schema evolution: the schema a table moves to when its flow's definition
+//! changes, under Iceberg's rules. Columns are tracked by field id, so no
+//! file is rewritten: an added column is null in older files, a widened one
+//! is promoted when read, a renamed one keeps its id and its values.
+//!
+//! Pure: the engine commits what `evolve` returns (`AddSchema` +
+//! `SetCurrentSchema`), for the target and for the state table.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+
+use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+
+/// One change of a column, as logged and reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Added {
+        name: String,
+        ty: String,
+    },
+    Widened {
+        name: String,
+        from: String,
+        to: String,
+    },
+    Relaxed {
+        name: String,
+    },
+    Renamed {
+        from: String,
+        to: String,
+    },
+    Dropped {
+        name: String,
+    },
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Change::Added { name, ty } => write!(f, "added `{name}` {ty}"),
+            Change::Widened { name, from, to } => write!(f, "widened `{name}` from {from} to {to}"),
+            Change::Relaxed { name } => write!(f, "made `{name}` optional"),
+            Change::Renamed { from, to } => write!(f, "renamed `{from}` to `{to}`"),
+            Change::Dropped { name } => write!(f, "dropped `{name}`"),
+        }
+    }
+}
+
+/// The schema to move to, and what changed.
+#[derive(Debug, Clone)]
+pub struct Evolution {
+    pub schema: Schema,
+    pub changes: Vec<Change>,
+}
+
+impl Evolution {
+    pub fn describe(&self) -> String {
+        self.changes
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    pub fn dropped(&self) -> impl Iterator<Item = &str> {
+        self.changes.iter().filter_map(|c| match c {
+            Change::Dropped { name } => Some(name.as_str()),
+            _ => None,
+        })
+    }
+}
+
+/// A change `evolve` refuses: the column and the rule it breaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub column: String,
+    pub rule: String,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "column `{}`: {}", self.column, self.rule)
+    }
+}
+
+/// What the definition says beyond its columns.
+#[derive(Debug, Default, Clone)]
+pub struct Rules {
+    /// `(new, old)`: the definition's `renamed_from`.
+    pub renames: Vec<(String, String)>,
+    /// Columns that may only widen (keys, sequence columns): never renamed
+    /// nor dropped.
+    pub fixed: Vec<String>,
+    /// Field ids a partition spec of the table reads: never dropped.
+    pub partition_sources: Vec<i32>,
+}
+
+/// Whether Iceberg reads a `from` value as `to` (its type promotions).
+pub fn promotes(from: &Type, to: &Type) -> bool {
+    use PrimitiveType as P;
+    match (from, to) {
+        (a, b) if a == b => true,
+        (Type::Primitive(a), Type::Primitive(b)) => match (a, b) {
+            (P::Int, P::Long) | (P::Float, P::Double) => true,
+            (
+                P::Decimal {
+                    precision: p,
+                    scale: s,
+                },
+                P::Decimal {
+                    precision: p2,
+                    scale: s2,
+                },
+            ) => s == s2 && p2 >= p,
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+const PROMOTIONS: &str = "Iceberg promotes only int to long, float to double and decimal(p, s) to decimal(p', s) with p' > p";
+
+/// The schema `have` (a table's current one) moves to so that it holds the
+/// columns of `want` (the definition's, in its order; its field ids are
+/// ignored): `None` when nothing but the order differs. New columns take
+/// ids above `last_column_id`.
+pub fn evolve(
+    have: &Schema,
+    want: &Schema,
+    last_column_id: i32,
+    rules: &Rules,
+) -> Result<Option<Evolution>, Refusal> {
+    let refuse = |column: &str, rule: String| Refusal {
+        column: column.to_string(),
+        rule,
+    };
+    let fixed = |n: &str| rules.fixed.iter().any(|f| f == n);
+    let mut next = last_column_id.max(have.highest_field_id());
+    let mut used = HashSet::new();
+    let mut fields = Vec::new();
+    let mut changes = Vec::new();
+    for f in want.as_struct().fields() {
+        let renamed_from = rules
+            .renames
+            .iter()
+            .find(|(n, _)| *n == f.name)
+            .map(|(_, o)| o.as_str());
+        let found = match renamed_from {
+            Some(old) if old != f.name => {
+                match (have.field_by_name(old), have.field_by_name(&f.name)) {
+                    (Some(_), Some(_)) => {
+                        return Err(refuse(
+                            &f.name,
+                            format!(
+                                "it is renamed_from `{old}`, but the table has both `{old}` and `{}`",
+                                f.name
+                            ),
+                        ));
+                    }
+                    (Some(h), None) => {
+                        if fixed(&f.name) || fixed(old) {
+                            return Err(refuse(
+                                &f.name,
+                                "a key or sequence column cannot be renamed".into(),
+                            ));
+                        }
+                        changes.push(Change::Renamed {
+                            from: old.to_string(),
+                            to: f.name.clone(),
+                        });
+                        Some(h)
+                    }
+                    // Renamed by an earlier run.
+                    (None, Some(h)) => Some(h),
+                    (None, None) => {
+                        return Err(refuse(
+                            &f.name,
+                            format!("it is renamed_from `{old}`, which the table has no column of"),
+                        ));
+                    }
+                }
+            }
+            _ => have.field_by_name(&f.name),
+        };
+        let mut nf: NestedField = (**f).clone();
+        match found {
+            Some(h) => {
+                if !used.insert(h.id) {
+                    return Err(refuse(
+                        &f.name,
+                        format!("the table's column `{}` is claimed twice", h.name),
+                    ));
+                }
+                if *h.field_type != *f.field_type {
+                    if !promotes(&h.field_type, &f.field_type) {
+                        let what = if promotes(&f.field_type, &h.field_type) {
+                            "narrowing it would lose values"
+                        } else {
+                            "that is not a type promotion"
+                        };
+                        return Err(refuse(
+                            &f.name,
+                            format!(
+                                "it is {} in the table and {} in the definition: {what} ({PROMOTIONS})",
+                                h.field_type, f.field_type
+                            ),
+                        ));
+                    }
+                    changes.push(Change::Widened {
+                        name: f.name.clone(),
+                        from: h.field_type.to_string(),
+                        to: f.field_type.to_string(),
+                    });
+                }
+                if f.required && !h.required {
+                    return Err(refuse(
+                        &f.name,
+                        "it is optional in the table and cannot become required: rows written before may hold nulls".into(),
+                    ));
+                }
+                if h.required && !f.required {
+                    changes.push(Change::Relaxed {
+                        name: f.name.clone(),
+                    });
+                }
+                nf.id = h.id;
+                nf.doc = h.doc.clone();
+            }
+            None => {
+                if f.required {
+                    return Err(refuse(
+                        &f.name,
+                        "a new column must be optional: rows written before it have no value"
+                            .into(),
+                    ));
+                }
+                next += 1;
+                nf.id = next;
+                changes.push(Change::Added {
+                    name: f.name.clone(),
+                    ty: f.field_type.to_string(),
+                });
+            }
+        }
+        fields.push(Arc::new(nf));
+    }
+    for h in have.as_struct().fields() {
+        if used.contains(&h.id) {
+            continue;
+        }
+        if fixed(&h.name) {
+            return Err(refuse(
+                &h.name,
+                "a key or sequence column cannot be dropped".into(),
+            ));
+        }
+        if rules.partition_sources.contains(&h.id) {
+            return Err(refuse(
+                &h.name,
+                "the table is partitioned by it, so it cannot be dropped".into(),
+            ));
+        }
+        changes.push(Change::Dropped {
+            name: h.name.clone(),
+        });
+    }
+    if changes.is_empty() {
+        return Ok(None);
+    }
+    let ids = want
+        .identifier_field_ids()
+        .filter_map(|id| want.field_by_id(id))
+        .filter_map(|w| fields.iter().find(|f| f.name == w.name).map(|f| f.id))
+        .collect::<Vec<_>>();
+    let schema = Schema::builder()
+        .with_schema_id(have.schema_id() + 1)
+        .with_fields(fields)
+        .with_identifier_field_ids(ids)
+        .build()
+        .map_err(|e| refuse("", format!("the evolved schema is invalid: {e}")))?;
+    Ok(Some(Evolution { schema, changes }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema(id: i32, fields: &[(i32, &str, PrimitiveType, bool)]) -> Schema {
+        Schema::builder()
+            .with_schema_id(id)
+            .with_fields(fields.iter().map(|(i, n, t, req)| {
+                Arc::new(if *req {
+                    NestedField::required(*i, *n, Type::Primitive(t.clone()))
+                } else {
+                    NestedField::optional(*i, *n, Type::Primitive(t.clone()))
+                })
+            }))
+            .build()
+            .unwrap()
+    }
+
+    use PrimitiveType as P;
+
+    fn base() -> Schema {
+        schema(
+            0,
+            &[
+                (1, "id", P::Long, true),
+                (2, "n", P::Int, false),
+                (3, "name", P::String, false),
+            ],
+        )
+    }
+
+    fn rules() -> Rules {
+        Rules {
+            fixed: vec!["id".into()],
+            ..Rules::default()
+        }
+    }
+
+    fn ids(s: &Schema) -> Vec<(i32, String)> {
+        s.as_struct()
+            .fields()
+            .iter()
+            .map(|f| (f.id, f.name.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn the_same_columns_in_another_order_need_no_schema() {
+        let want = schema(
+            0,
+            &[
+                (1, "name", P::String, false),
+                (2, "id", P::Long, true),
+                (3, "n", P::Int, false),
+            ],
+        );
+        assert!(evolve(&base(), &want, 3, &rules()).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_added_column_takes_the_next_id_in_the_definitions_place() {
+        let want = schema(
+            0,
+            &[
+                (1, "id", P::Long, true),
+                (2, "note", P::String, false),
+                (3, "n", P::Int, false),
+                (4, "name", P::String, false),
+            ],
+        );
+        // A dropped column once held id 7: ids are never reused.
+        let e = evolve(&base(), &want, 7, &rules()).unwrap().unwrap();
+        assert_eq!(
+            ids(&e.schema),
+            vec![
+                (1, "id".into()),
+                (8, "note".into()),
+                (2, "n".into()),
+                (3, "name".into())
+            ]
+        );
+        assert_eq!(e.schema.schema_id(), 1);
+        assert_eq!(e.describe(), "added `note` string");
+    }
+
+    #[test]
+    fn widening_relaxing_renaming_and_dropping_keep_the_ids() {
+        let want = schema(
+            0,
+            &[
+                (1, "id", P::Long, true),
+                (2, "n", P::Long, false),
+                (3, "title", P::String, false),
+            ],
+        );
+        let mut r = rules();
+        r.renames.push(("title".into(), "name".into()));
+        let e = evolve(&base(), &want, 3, &r).unwrap().unwrap();
+        assert_eq!(
+            ids(&e.schema),
+            vec![(1, "id".into()), (2, "n".into()), (3, "title".into())]
+        );
+        assert_eq!(
+            e.describe(),
+            "widened `n` from int to long, renamed `name` to `title`"
+        );
+        // Once renamed, the same definition changes nothing.
+        assert!(evolve(&e.schema, &want, 3, &r).unwrap().is_none());
+
+        let dropped = schema(0, &[(1, "id", P::Long, true), (2, "n", P::Int, false)]);
+        let e = evolve(&base(), &dropped, 3, &r).unwrap().unwrap();
+        assert_eq!(e.dropped().collect::<Vec<_>>(), ["name"]);
+
+        let strict = schema(0, &[(1, "id", P::Long, true), (2, "n", P::Int, true)]);
+        let relaxed = evolve(&strict, &dropped, 3, &r).unwrap().unwrap();
+        assert_eq!(relaxed.describe(), "made `n` optional");
+    }
+
+    #[test]
+    fn every_illegal_change_names_its_column_and_rule() {
+        type Case<'a> = (
+            Vec<(i32, &'a str, P, bool)>,
+            Vec<(String, String)>,
+            &'a str,
+            &'a str,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                vec![
+                    (1, "id", P::Int, true),
+                    (2, "n", P::Int, false),
+                    (3, "name", P::String, false),
+                ],
+                vec![],
+                "id",
+                "narrowing",
+            ),
+            (
+                vec![
+                    (1, "id", P::Long, true),
+                    (2, "n", P::String, false),
+                    (3, "name", P::String, false),
+                ],
+                vec![],
+                "n",
+                "not a type promotion",
+            ),
+            (
+                vec![
+                    (1, "id", P::Long, true),
+                    (2, "n", P::Int, true),
+                    (3, "name", P::String, false),
+                ],
+                vec![],
+                "n",
+                "cannot become required",
+            ),
+            (
+                vec![
+                    (1, "id", P::Long, true),
+                    (2, "n", P::Int, false),
+                    (3, "name", P::String, false),
+                    (4, "x", P::Int, true),
+                ],
+                vec![],
+                "x",
+                "must be optional",
+            ),
+            (
+                vec![
+                    (1, "key", P::Long, true),
+                    (2, "n", P::Int, false),
+                    (3, "name", P::String, false),
+                ],
+                vec![("key".into(), "id".into())],
+                "key",
+                "cannot be renamed",
+            ),
+            (
+                vec![
+                    (1, "id", P::Long, true),
+                    (2, "n", P::Int, false),
+                    (3, "title", P::String, false),
+                ],
+                vec![("title".into(), "nope".into())],
+                "title",
+                "no column",
+            ),
+            (
+                vec![(2, "n", P::Int, false), (3, "name", P::String, false)],
+                vec![],
+                "id",
+                "cannot be dropped",
+            ),
+        ];
+        for (fields, renames, column, rule) in cases {
+            let want = schema(0, &fields);
+            let mut r = rules();
+            r.renames = renames;
+            let refusal = evolve(&base(), &want, 3, &r).unwrap_err();
+            assert_eq!(refusal.column, column, "{refusal}");
+            assert!(refusal.rule.contains(rule), "{refusal}");
+        }
+        let mut r = rules();
+        r.partition_sources.push(3);
+        let want = schema(0, &[(1, "id", P::Long, true), (2, "n", P::Int, false)]);
+        let refusal = evolve(&base(), &want, 3, &r).unwrap_err();
+        assert!(refusal.rule.contains("partitioned by it"), "{refusal}");
+    }
+
+    #[test]
+    fn decimals_widen_in_precision_only() {
+        let d = |p, s| {
+            Type::Primitive(P::Decimal {
+                precision: p,
+                scale: s,
+            })
+        };
+        assert!(promotes(&d(9, 2), &d(18, 2)));
+        assert!(!promotes(&d(18, 2), &d(9, 2)));
+        assert!(!promotes(&d(9, 2), &d(18, 3)));
+        assert!(promotes(
+            &Type::Primitive(P::Float),
+            &Type::Primitive(P::Double)
+        ));
+        assert!(!promotes(
+            &Type::Primitive(P::Long),
+            &Type::Primitive(P::Int)
+        ));
+    }
+}
