@@ -61,6 +61,15 @@ async fn apply(engine: &mut Engine, flow: &Flow, ndjson: &str, now: i64) {
     engine.apply(&rows_of(flow, ndjson), now).await.unwrap();
 }
 
+/// `flow` opened on `cat` with `batches` applied in turn, at times `t0`, `t0 + 1`...
+async fn applied(cat: &Arc<dyn Catalog>, flow: &Flow, t0: i64, batches: &[&str]) -> Engine {
+    let mut e = open_engine(cat, flow).await;
+    for (i, b) in batches.iter().enumerate() {
+        apply(&mut e, flow, b, t0 + i as i64).await;
+    }
+    e
+}
+
 const FIRST: &str = r#"{"id":1,"op":"UPSERT","qty":3,"name":"pen","seq":1}
 {"id":2,"op":"UPSERT","qty":5,"name":"ink","seq":1}
 {"id":3,"op":"UPSERT","qty":7,"name":"cap","seq":1}"#;
@@ -82,8 +91,7 @@ fn ids(engine: &Engine) -> Vec<(String, i32)> {
 async fn an_added_column_is_null_in_older_rows_and_keeps_every_other_id() {
     let dir = tempfile::tempdir().unwrap();
     let cat = catalog(dir.path());
-    let mut e = open_engine(&cat, &v1()).await;
-    apply(&mut e, &v1(), FIRST, 1).await;
+    let e = applied(&cat, &v1(), 1, &[FIRST]).await;
     let before = ids(&e);
     drop(e);
 
@@ -127,9 +135,7 @@ async fn keys_sequences_and_values_widen_and_the_state_reloads_widened() {
     let id_int = r#"{ name = "id", type = "int", required = true }"#;
     let seq_int = r#"{ name = "seq", type = "int", required = true }"#;
     let narrow = orders(&[id_int, OP, QTY_INT, NAME, seq_int], "");
-    let mut e = open_engine(&cat, &narrow).await;
-    apply(&mut e, &narrow, FIRST, 1).await;
-    drop(e);
+    drop(applied(&cat, &narrow, 1, &[FIRST]).await);
 
     let wide = orders(&[ID, OP, QTY_LONG, NAME, SEQ], "");
     let mut e = open_engine(&cat, &wide).await;
@@ -177,8 +183,7 @@ async fn keys_sequences_and_values_widen_and_the_state_reloads_widened() {
 async fn a_rename_keeps_the_columns_id_and_values_and_a_drop_leaves_old_files_alone() {
     let dir = tempfile::tempdir().unwrap();
     let cat = catalog(dir.path());
-    let mut e = open_engine(&cat, &v1()).await;
-    apply(&mut e, &v1(), FIRST, 1).await;
+    let e = applied(&cat, &v1(), 1, &[FIRST]).await;
     let name_id = ids(&e).iter().find(|(n, _)| n == "name").unwrap().1;
     drop(e);
 
@@ -220,9 +225,7 @@ async fn a_rename_keeps_the_columns_id_and_values_and_a_drop_leaves_old_files_al
 async fn every_illegal_change_is_refused_before_anything_changes() {
     let dir = tempfile::tempdir().unwrap();
     let cat = catalog(dir.path());
-    let mut e = open_engine(&cat, &v1()).await;
-    apply(&mut e, &v1(), FIRST, 1).await;
-    drop(e);
+    drop(applied(&cat, &v1(), 1, &[FIRST]).await);
     let target_loc = || async {
         cat.load_table(&v1().target)
             .await
@@ -302,13 +305,14 @@ async fn scd2_history_stays_intact_across_an_add_a_rename_and_a_widening() {
     let dir = tempfile::tempdir().unwrap();
     let cat = catalog(dir.path());
     let h1 = scd2(&[ID, OP, QTY_INT, NAME, SEQ], "");
-    let mut e = open_engine(&cat, &h1).await;
-    apply(&mut e, &h1, FIRST, 1).await;
-    apply(
-        &mut e,
+    let e = applied(
+        &cat,
         &h1,
-        r#"{"id":1,"op":"UPSERT","qty":4,"name":"pen","seq":3}"#,
-        2,
+        1,
+        &[
+            FIRST,
+            r#"{"id":1,"op":"UPSERT","qty":4,"name":"pen","seq":3}"#,
+        ],
     )
     .await;
     let before = table_rows(&e).await;
@@ -360,16 +364,18 @@ async fn a_tracked_column_is_dropped_only_once_it_is_untracked() {
     let dir = tempfile::tempdir().unwrap();
     let cat = catalog(dir.path());
     let h1 = scd2(&[ID, OP, QTY_INT, NAME, SEQ], "");
-    let mut e = open_engine(&cat, &h1).await;
-    apply(&mut e, &h1, FIRST, 1).await;
-    apply(
-        &mut e,
-        &h1,
-        r#"{"id":1,"op":"UPSERT","qty":3,"name":"pencil","seq":2}"#,
-        2,
-    )
-    .await;
-    drop(e);
+    drop(
+        applied(
+            &cat,
+            &h1,
+            1,
+            &[
+                FIRST,
+                r#"{"id":1,"op":"UPSERT","qty":3,"name":"pencil","seq":2}"#,
+            ],
+        )
+        .await,
+    );
     let dropped = scd2(&[ID, OP, QTY_INT, SEQ], "");
     let err = Engine::open(dropped.clone(), cat.clone(), Arc::new(Faults::default()))
         .await
@@ -387,24 +393,13 @@ async fn a_tracked_column_is_dropped_only_once_it_is_untracked() {
         &[ID, OP, QTY_INT, NAME, SEQ],
         r#"track_history_except_column_list = ["name"]"#,
     );
-    let e = open_engine(&cat, &untracked).await;
-    let mut e = {
-        let mut e = e;
-        apply(
-            &mut e,
-            &untracked,
-            r#"{"id":2,"op":"UPSERT","qty":6,"name":"ink","seq":2}"#,
-            3,
-        )
-        .await;
-        drop(e);
-        open_engine(&cat, &dropped).await
-    };
-    apply(
-        &mut e,
+    let re_folded = r#"{"id":2,"op":"UPSERT","qty":6,"name":"ink","seq":2}"#;
+    drop(applied(&cat, &untracked, 3, &[re_folded]).await);
+    let e = applied(
+        &cat,
         &dropped,
-        r#"{"id":1,"op":"UPSERT","qty":4,"seq":3}"#,
         4,
+        &[r#"{"id":1,"op":"UPSERT","qty":4,"seq":3}"#],
     )
     .await;
     assert_eq!(
@@ -427,9 +422,7 @@ async fn a_crash_between_the_two_schema_commits_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let cat = catalog(dir.path());
     let h1 = scd2(&[ID, OP, QTY_INT, NAME, SEQ], "");
-    let mut e = open_engine(&cat, &h1).await;
-    apply(&mut e, &h1, FIRST, 1).await;
-    drop(e);
+    drop(applied(&cat, &h1, 1, &[FIRST]).await);
     let title = r#"{ name = "title", type = "string", renamed_from = "name" }"#;
     let h2 = scd2(&[ID, OP, QTY_LONG, title, SEQ], "");
     let faults = Arc::new(Faults::default());
@@ -498,8 +491,7 @@ async fn switching_ignore_null_updates_is_refused_before_anything_changes() {
             c
         })
         .unwrap();
-        let mut e = open_engine(&cat, &a).await;
-        apply(&mut e, &a, FIRST, 1).await;
+        let e = applied(&cat, &a, 1, &[FIRST]).await;
         let loc = e.target().metadata_location.clone();
         drop(e);
         let err = Engine::open(b.clone(), cat.clone(), Arc::new(Faults::default()))

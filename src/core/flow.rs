@@ -492,14 +492,15 @@ impl Flow {
             .collect()
     }
 
-    /// The column an input field of a renamed column's previous name stands
-    /// for (records logged before the rename), when no column has that name.
-    pub fn renamed_column(&self, field: &str) -> Option<usize> {
-        self.config
-            .columns
-            .iter()
-            .position(|c| c.renamed_from.as_deref() == Some(field))
-            .filter(|_| self.input_column(field).is_none())
+    /// The column an input field stands for: `input_column`, else the
+    /// column renamed from it (records logged before the rename).
+    pub fn field_column(&self, field: &str) -> Option<usize> {
+        self.input_column(field).or_else(|| {
+            self.config
+                .columns
+                .iter()
+                .position(|c| c.renamed_from.as_deref() == Some(field))
+        })
     }
 
     pub fn column_name(&self, source_idx: usize) -> &str {

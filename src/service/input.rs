@@ -141,11 +141,7 @@ fn conform_at(flow: &Flow, batch: &RecordBatch, first_row: usize) -> Result<Reco
     let input = batch.schema();
     let mut named: Vec<Option<usize>> = vec![None; schema.fields().len()];
     for (j, f) in input.fields().iter().enumerate() {
-        // A renamed column's previous name: records logged before the rename.
-        let Some(i) = flow
-            .input_column(f.name())
-            .or_else(|| flow.renamed_column(f.name()))
-        else {
+        let Some(i) = flow.field_column(f.name()) else {
             continue;
         };
         if let Some(prev) = named[i] {
@@ -529,9 +525,7 @@ fn read_ipc(flow: &Flow, body: &[u8], limits: Limits, strict: bool) -> Result<Re
         .map_err(|e| arrow_err(flow, format!("the body is not an Arrow IPC stream: {e}")))?;
     let schema = reader.schema();
     for f in schema.fields() {
-        let known =
-            flow.input_column(f.name()).is_some() || flow.renamed_column(f.name()).is_some();
-        if strict && !known {
+        if strict && flow.field_column(f.name()).is_none() {
             return Err(body_err(
                 flow,
                 codes::BAD_COLUMN,
@@ -872,23 +866,25 @@ mod tests {
     use arrow_array::types::Int64Type;
 
     fn flow() -> Flow {
-        Flow::new(
-            toml::from_str(
-                r#"
-                name = "c"
-                target = "a.c"
-                keys = ["id"]
-                sequence_by = "seq"
-                columns = [
-                  { name = "id", type = "long", required = true },
-                  { name = "city", type = "string" },
-                  { name = "seq", type = "long", required = true },
-                ]
-                "#,
-            )
-            .unwrap(),
-        )
-        .unwrap()
+        flow_of(r#"{ name = "city", type = "string" },"#)
+    }
+
+    /// The flow `c` keyed on `id`, sequenced by `seq`, with `columns` between them.
+    fn flow_of(columns: &str) -> Flow {
+        let toml = format!(
+            r#"
+            name = "c"
+            target = "a.c"
+            keys = ["id"]
+            sequence_by = "seq"
+            columns = [
+              {{ name = "id", type = "long", required = true }},
+              {columns}
+              {{ name = "seq", type = "long", required = true }},
+            ]
+            "#
+        );
+        Flow::new(toml::from_str(&toml).unwrap()).unwrap()
     }
 
     fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
@@ -930,45 +926,16 @@ mod tests {
         )
         .unwrap();
         let payload = encode_arrow_ipc(&batch).unwrap();
-        let new = Flow::new(
-            toml::from_str(
-                r#"
-                name = "c"
-                target = "a.c"
-                keys = ["id"]
-                sequence_by = "seq"
-                columns = [
-                  { name = "id", type = "long", required = true },
-                  { name = "town", type = "string", renamed_from = "city" },
-                  { name = "note", type = "string" },
-                  { name = "seq", type = "long", required = true },
-                ]
-                "#,
-            )
-            .unwrap(),
-        )
-        .unwrap();
+        let new = flow_of(
+            r#"{ name = "town", type = "string", renamed_from = "city" },
+               { name = "note", type = "string" },"#,
+        );
         let b = decode_log_payload(&new, &payload).unwrap();
         assert_eq!(b.schema(), new.source_arrow);
         assert_eq!(b.column(1).as_string::<i32>().value(0), "Leeds");
         assert!(b.column(2).is_null(0));
         assert_eq!(b.column(3).as_primitive::<Int64Type>().value(0), 3);
-        let dropped = Flow::new(
-            toml::from_str(
-                r#"
-                name = "c"
-                target = "a.c"
-                keys = ["id"]
-                sequence_by = "seq"
-                columns = [
-                  { name = "id", type = "long", required = true },
-                  { name = "seq", type = "long", required = true },
-                ]
-                "#,
-            )
-            .unwrap(),
-        )
-        .unwrap();
+        let dropped = flow_of("");
         let b = decode_log_payload(&dropped, &payload).unwrap();
         assert_eq!(b.schema(), dropped.source_arrow);
         let e = decode_arrow_ipc(&dropped, &payload, Limits::NONE).unwrap_err();

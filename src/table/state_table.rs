@@ -48,8 +48,11 @@ fn seq_col(name: &str) -> String {
     format!("__autocdc_seq_{name}")
 }
 
+/// The prefix of a history flow's value columns.
+const VAL_PREFIX: &str = "__autocdc_val_";
+
 fn val_col(name: &str) -> String {
-    format!("__autocdc_val_{name}")
+    format!("{VAL_PREFIX}{name}")
 }
 
 /// The Iceberg schema of the state table of `flow`.
@@ -177,9 +180,10 @@ pub fn check(flow: &Flow, have: &Schema) -> Result<()> {
         s.as_struct()
             .fields()
             .iter()
-            .any(|f| f.name.starts_with("__autocdc_val_"))
+            .any(|f| f.name.starts_with(VAL_PREFIX))
     };
-    if history(have) != history(&want) {
+    let (had, keeps) = (history(have), history(&want));
+    if had != keeps {
         let kind = |h: bool| {
             if h {
                 "every change per key (ignore_null_updates or SCD Type 2)"
@@ -191,8 +195,8 @@ pub fn check(flow: &Flow, have: &Schema) -> Result<()> {
             codes::SCHEMA_DRIFT,
             format!(
                 "ignore_null_updates changed: the flow keeps {} but the state holds {}",
-                kind(history(&want)),
-                kind(history(have))
+                kind(keeps),
+                kind(had)
             ),
         );
     }
