@@ -34,6 +34,21 @@ bin="$CARGO_TARGET_DIR/debug/autocdc"
 } > "$out/autocdc.toml"
 "$bin" apply --config "$out/autocdc.toml" --flow ghost_kitchen "$out"/gk/*.parquet
 "$bin" apply --config "$out/autocdc.toml" --flow ghost_kitchen_partitioned "$out"/gk/*.parquet
+# The same feed into a table repartitioned halfway (by status, then by a
+# bucket of the key): rows of the first half are deleted in the older spec.
+gk_files=("$out"/gk/*.parquet)
+half=$(( ${#gk_files[@]} / 2 ))
+for by in '["status"]' '["bucket[4](order_id)"]'; do
+  sed -e 's/^name = .*/name = "ghost_kitchen_repartitioned"/' \
+      -e 's/^target = .*/target = "kitchen.orders_repartitioned"/' \
+      -e "s/^keys = .*/&\npartition_by = $by/" "$out/gk/flow.toml" \
+    | cat <(printf '[catalog]\ntype = "hadoop"\nwarehouse = "%s"\n\n' "$out/gkwh") - > "$out/repartitioned.toml"
+  if [ "$by" = '["status"]' ]; then
+    "$bin" apply --config "$out/repartitioned.toml" --flow ghost_kitchen_repartitioned "${gk_files[@]:0:$half}"
+  else
+    "$bin" apply --config "$out/repartitioned.toml" --flow ghost_kitchen_repartitioned "${gk_files[@]:$half}"
+  fi
+done
 "$bin" maintain --config "$out/autocdc.toml" --orphans-older-than off
 "$bin" state --config "$out/autocdc.toml" kitchen.orders
 # README "Schema changes": a table whose definition evolved (widened,
@@ -51,7 +66,7 @@ cat > "$out/expected/schema_change.json" <<EOF
           ["3000000000", "5000000000", "box", "NULL", "4"]]}
 EOF
 metas=()
-for t in orders orders_partitioned; do
+for t in orders orders_partitioned orders_repartitioned; do
   d="$out/gkwh/kitchen/$t/metadata"
   metas+=("$d/v$(cat "$d/version-hint.text").metadata.json")
 done

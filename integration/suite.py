@@ -44,6 +44,18 @@ COMBINATIONS = ["hadoop-local", "hadoop-s3", "sql-s3", "rest"]
 GK_COLUMNS = ["order_id", "event_type", "location_id", "ts_seconds", "sequence", "status", "seq"]
 BATTERY_COLUMNS = ["id", "name", "city", "seq"]
 SESSIONS = 4  # so 3 restarts between batches
+EVOLVE_AT = 2  # the session that starts with the evolved ghost-kitchen definition
+
+
+def evolve_gk(flow):
+    """The ghost-kitchen flow widened (location_id int -> long), with a new
+    column (note) and partitioned by a bucket of the key."""
+    out = flow.replace('{ name = "location_id", type = "int"', '{ name = "location_id", type = "long"')
+    out = out.replace('  { name = "status",', '  { name = "note", type = "string" },\n  { name = "status",')
+    out = out.replace('keys = ["order_id"]\n', 'keys = ["order_id"]\npartition_by = ["bucket[4](order_id)"]\n')
+    if out.count("note") != 1 or "partition_by" not in out or '"location_id", type = "long"' not in out:
+        raise Fail("the ghost-kitchen flow.toml changed shape; update evolve_gk")
+    return out
 GK_REQUESTS = 12
 
 BATTERY_FLOW = """[[flow]]
@@ -462,11 +474,15 @@ def run_combination(combo, binary, root, gk, gk_lines, oracle, report):
         'table_properties = { "commit.manifest.min-count-to-merge" = "3" }\n',
     )
     config = os.path.join(work, "serve.toml")
-    with open(config, "w") as f:
-        f.write(
-            f'[server]\nlisten = "127.0.0.1:{port}"\ndata_dir = {toml_str(work + "/data")}\n\n'
-            f"{catalog.config_toml()}\n{gk_flow}\n{BATTERY_FLOW.format(target=namespace + '.customers')}"
-        )
+
+    def write_config(gk_flow):
+        with open(config, "w") as f:
+            f.write(
+                f'[server]\nlisten = "127.0.0.1:{port}"\ndata_dir = {toml_str(work + "/data")}\n\n'
+                f"{catalog.config_toml()}\n{gk_flow}\n{BATTERY_FLOW.format(target=namespace + '.customers')}"
+            )
+
+    write_config(gk_flow)
     server = Server(binary, config, os.path.join(work, "serve.log"), f"http://127.0.0.1:{port}")
 
     # The feed in a shuffled arrival order, cut into requests, spread over the sessions.
@@ -486,6 +502,10 @@ def run_combination(combo, binary, root, gk, gk_lines, oracle, report):
             if session > 0:
                 server.stop()
                 restarts += 1
+            if session == EVOLVE_AT:
+                # Mid-feed, the definition changes: a widened type, an added
+                # column and a partition field (README "Schema changes").
+                write_config(evolve_gk(gk_flow))
             server.start()
             if session > 0:
                 # The previous session's last request again, same key: applied once.
@@ -545,6 +565,21 @@ def run_combination(combo, binary, root, gk, gk_lines, oracle, report):
         "; ".join(retry_problems) or f"{SESSIONS - 1} retries after a restart (same Idempotency-Key) answered the first offset",
     )
     metadata = json.loads(catalog.files.read(gk_meta))
+    schema = next(x for x in metadata["schemas"] if x["schema-id"] == metadata["current-schema-id"])
+    types = {f["name"]: f["type"] for f in schema["fields"]}
+    spec = next(x for x in metadata["partition-specs"] if x["spec-id"] == metadata["default-spec-id"])
+    evolved = (
+        types.get("location_id") == "long"
+        and types.get("note") == "string"
+        and [f["transform"] for f in spec["fields"]] == ["bucket[4]"]
+        and len(metadata["partition-specs"]) == 2
+    )
+    report(
+        "evolution",
+        evolved,
+        f"evolved before session {EVOLVE_AT}: schema {metadata['current-schema-id']} (location_id {types.get('location_id')}, "
+        f"note {types.get('note')}), spec {metadata['default-spec-id']} {spec['fields']}; the rows above read back through both",
+    )
     current = next(s for s in metadata["snapshots"] if s["snapshot-id"] == metadata["current-snapshot-id"])
     recorded = current["summary"].get("autocdc.input-offset")
     last = max(acked.values())

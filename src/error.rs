@@ -289,7 +289,7 @@ pub const REGISTRY: &[CodeInfo] = {
         info(EXPRESSION_TOO_LARGE, 400, "an expression over 64 KiB or 10,000 operators"),
         info(EXPRESSION_EVAL, 500, "an expression failed on a batch (a bug: report it)"),
         info(KEY_SCHEMA_DRIFT, 409, "the target's keys differ from the definition's"),
-        info(PARTITION_DRIFT, 409, "the target's partition spec differs from the definition's"),
+        info(PARTITION_DRIFT, 409, "the definition's `partition_by` cannot partition the existing target"),
         info(SCHEMA_DRIFT, 409, "the target's columns differ from the definition's"),
         info(
             SEQUENCING_TYPE_DRIFT,

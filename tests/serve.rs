@@ -527,6 +527,120 @@ fn flows_are_created_over_http_and_survive_a_restart() {
     });
 }
 
+async fn put_def(c: &reqwest::Client, r: &http::Running, flow: &str, def: &Value) -> (u16, Value) {
+    let resp = c
+        .put(url(r, &format!("/v1/flows/{flow}")))
+        .json(def)
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}
+
+/// `PUT /v1/flows/{flow}` with a changed definition evolves the running
+/// flow's table (a column added, a partition field added); an illegal
+/// change is refused with nothing changed and the flow still taking pushes.
+#[test]
+fn a_definition_put_over_http_evolves_the_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let r = start(config(tmp.path(), vec![])).await;
+        let c = reqwest::Client::new();
+        let def = serde_json::to_value(flow_cfg("h", "1h")).unwrap();
+        assert_eq!(put_def(&c, &r, "h", &def).await.0, 201);
+        let changes = url(&r, "/v1/flows/h/changes");
+        let push = |body: String| post(&c, &changes, "application/x-ndjson", body, None);
+        assert_eq!(
+            push(ndjson(&[u(1, "Leeds", 1), u(2, "York", 1)])).await.0,
+            202
+        );
+        commit(&c, &r, "h").await;
+
+        // city: string -> long is no promotion: 409, the flow unchanged.
+        let mut bad = def.clone();
+        bad["columns"][1]["type"] = json!("long");
+        let (s, v) = put_def(&c, &r, "h", &bad).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (409, Some("AUTOCDC_INVALID_STATE.SCHEMA_DRIFT")),
+            "{v}"
+        );
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("city"),
+            "{v}"
+        );
+        let status = |v: &Value| {
+            (
+                v["status"]["schema_id"].as_i64(),
+                v["status"]["partition_spec_id"].as_i64(),
+            )
+        };
+        let got: Value = c
+            .get(url(&r, "/v1/flows/h"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(status(&got), (Some(0), Some(0)), "{got}");
+
+        // A new column and a partition field: one commit each, the flow goes on.
+        let mut evolved = def.clone();
+        evolved["columns"]
+            .as_array_mut()
+            .unwrap()
+            .insert(2, json!({ "name": "tier", "type": "int" }));
+        evolved["partition_by"] = json!(["bucket[4](id)"]);
+        let (s, v) = put_def(&c, &r, "h", &evolved).await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(status(&v), (Some(1), Some(1)), "{v}");
+        assert_eq!(v["status"]["schema_evolutions"].as_u64(), Some(2), "{v}");
+        let tiered = r#"{"id":1,"op":"UPSERT","city":"Hull","tier":3,"seq":2}"#;
+        let (s, v) = push(format!("{tiered}\n{}", ndjson(&[u(3, "Bath", 1)]))).await;
+        assert_eq!(s, 202, "{v}");
+        commit(&c, &r, "h").await;
+        let want = rows(&[
+            &["1", "Hull", "3", "2"],
+            &["2", "York", "NULL", "1"],
+            &["3", "Bath", "NULL", "1"],
+        ]);
+        assert_eq!(table(tmp.path(), "h").await, want);
+        let metrics = c
+            .get(url(&r, "/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains("autocdc_partition_spec_id{flow=\"h\"} 1"),
+            "{metrics}"
+        );
+        r.stop().await.unwrap();
+
+        // The persisted definition reopens as it is: nothing more evolves.
+        let r = start(config(tmp.path(), vec![])).await;
+        let got: Value = c
+            .get(url(&r, "/v1/flows/h"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(status(&got), (Some(1), Some(1)), "{got}");
+        assert_eq!(
+            got["status"]["schema_evolutions"].as_u64(),
+            Some(0),
+            "{got}"
+        );
+        r.stop().await.unwrap();
+        assert_eq!(table(tmp.path(), "h").await, want);
+    });
+}
+
 /// The OpenAPI document is generated from the handlers: every route the
 /// server answers is in it, and every documented operation is routed.
 #[test]

@@ -10,7 +10,7 @@ pub fn render(service: &Service) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     type Metric = (&'static str, &'static str, fn(&FlowStatus) -> f64);
-    let counters: [Metric; 38] = [
+    let counters: [Metric; 39] = [
         ("autocdc_rows_in_total", "counter", |s| {
             s.counters.rows_in as f64
         }),
@@ -55,6 +55,9 @@ pub fn render(service: &Service) -> String {
         }),
         ("autocdc_dead_letters", "gauge", |s| s.dead_letters as f64),
         ("autocdc_schema_id", "gauge", |s| s.schema_id as f64),
+        ("autocdc_partition_spec_id", "gauge", |s| {
+            s.partition_spec_id as f64
+        }),
         ("autocdc_schema_evolutions_total", "counter", |s| {
             s.schema_evolutions as f64
         }),

@@ -91,8 +91,11 @@ pub struct FlowStatus {
     /// The target's current schema id: it moves when a changed definition
     /// evolves the schema.
     pub schema_id: i32,
-    /// Schema changes (of the target or the state table) committed for
-    /// this flow since the process started.
+    /// The target's default partition spec id: it moves when a changed
+    /// `partition_by` adds a spec.
+    pub partition_spec_id: i32,
+    /// Schema changes (of the target or the state table) and partition
+    /// spec changes committed for this flow since the process started.
     pub schema_evolutions: u64,
     pub maintenance: MaintenanceStatus,
 }
@@ -594,6 +597,7 @@ impl Service {
             state_tombstones: summary.tombstones,
             snapshot_version,
             schema_id: engine.target().metadata.current_schema_id(),
+            partition_spec_id: engine.target().metadata.default_partition_spec_id(),
             schema_evolutions: self
                 .flow(&flow.name)
                 .map(|rt| rt.status().schema_evolutions)

@@ -271,10 +271,12 @@ pub type Moves = Vec<Option<(u32, u32)>>;
 
 /// Decides a run (pure). A data file of the default spec is a candidate when
 /// it is small (under `min_file_size_ratio` of the target), has more than
-/// `delete_ratio` of its rows deleted, or an equality delete applies to it.
+/// `delete_ratio` of its rows deleted, or an equality delete applies to it;
+/// a data file of an older spec always is (it is rewritten into the default
+/// spec, as Iceberg Java rewrites files whose spec is not the output spec).
 /// A partition's candidates are rewritten when there are `min_input_files`
-/// of them, or two that fill a target file, or one has too many deletes or
-/// an equality delete. Fully deleted files go without being read. Partitions
+/// of them, or two that fill a target file, or one has too many deletes, an
+/// equality delete or an older spec. Fully deleted files go without being read. Partitions
 /// are taken, most urgent first, until `max_bytes_per_run` would be passed
 /// (the first always, cut to the budget).
 pub fn select(
@@ -289,9 +291,7 @@ pub fn select(
     // (partition) → (urgent, candidates (index, size))
     let mut groups: Vec<Group> = Vec::new();
     for (i, d) in inv.data.iter().enumerate() {
-        if d.spec_id != default_spec {
-            continue;
-        }
+        let respec = d.spec_id != default_spec;
         let records = d.file.record_count();
         let deleted = pd.deleted(d).len() as u64;
         let eq = inv.eq_deletes.iter().any(|e| e.eq_applies_to(d));
@@ -301,7 +301,7 @@ pub fn select(
         }
         let size = d.file.file_size_in_bytes();
         let heavy = records > 0 && deleted as f64 > records as f64 * policy.delete_ratio;
-        if !(size < small_below || heavy || eq) {
+        if !(size < small_below || heavy || eq || respec) {
             continue;
         }
         let key = d.partition_key();
@@ -312,7 +312,7 @@ pub fn select(
                 groups.len() - 1
             }
         };
-        groups[at].1 |= heavy || eq;
+        groups[at].1 |= heavy || eq || respec;
         groups[at].2.push((i, size));
     }
     let mut groups: Vec<(bool, Vec<(usize, u64)>)> = groups
@@ -383,8 +383,10 @@ pub fn select(
 /// The files a run wrote, and where the rows of the files it read went.
 #[derive(Debug, Default)]
 pub struct Rewritten {
+    /// New data files, in the default spec.
     pub data: Vec<DataFile>,
-    pub deletes: Vec<DataFile>,
+    /// Merged position deletes, each with its spec id.
+    pub deletes: Vec<(i32, DataFile)>,
     /// Data and delete files the commit removes.
     pub removed: HashSet<String>,
     /// Per rewritten file: its path and, per old position, the (index into
@@ -590,12 +592,7 @@ pub async fn rewrite(
         }
         entries.sort_unstable();
         entries.dedup();
-        let dir = match partitioner {
-            Some(p) if !first.file.partition().fields().is_empty() => {
-                p.path(first.file.partition())
-            }
-            _ => String::new(),
-        };
+        let dir = write::partition_dir(namer.location(), first.path());
         if let Some(f) = write::position_delete_file(
             file_io,
             namer,
@@ -606,7 +603,7 @@ pub async fn rewrite(
         )
         .await?
         {
-            out.deletes.push(f);
+            out.deletes.push((first.spec_id, f));
         }
     }
     Ok(out)
@@ -718,9 +715,10 @@ mod tests {
         assert_eq!(sel.bytes, 30);
         let sel = select(&inv, &pd, &policy(4, 1 << 30), 1000, 0);
         assert!(sel.is_empty(), "{sel:?}");
-        // Files of another spec are left alone.
-        let sel = select(&inv, &pd, &policy(3, 1 << 30), 1000, 7);
-        assert!(sel.is_empty(), "{sel:?}");
+        // Under another default spec every file is rewritten into it, each
+        // partition however few files it has.
+        let sel = select(&inv, &pd, &policy(4, 1 << 30), 1000, 7);
+        assert_eq!(sel.rewrite, vec![0, 1, 2, 3, 4]);
     }
 
     #[test]

@@ -18,8 +18,8 @@ use futures::TryStreamExt;
 use iceberg::arrow::schema_to_arrow_schema;
 use iceberg::io::FileIO;
 use iceberg::spec::{
-    DataFile, ManifestContentType, PartitionSpec, Schema, Struct, TableMetadata,
-    UnboundPartitionSpec,
+    DataFile, ManifestContentType, PartitionSpec, PartitionSpecBuilder, Schema, Struct,
+    TableMetadata, UnboundPartitionField, UnboundPartitionSpec,
 };
 use serde::Serialize;
 
@@ -243,7 +243,8 @@ impl Planned {
 /// The target files of one commit, written and not yet committed.
 struct TargetFiles {
     data: Vec<DataFile>,
-    deletes: Vec<DataFile>,
+    /// Each with the partition spec of the files it applies to.
+    deletes: Vec<(i32, DataFile)>,
     /// Where each inserted row went.
     locs: Vec<Loc>,
     rows: u64,
@@ -554,18 +555,69 @@ fn render_spec(spec: &PartitionSpec, schema: &Schema) -> String {
     format!("[{}]", fields.join(", "))
 }
 
-fn check_schema(flow: &Flow, meta: &TableMetadata) -> Result<()> {
-    let have = render_spec(meta.default_partition_spec(), meta.current_schema());
+/// The partition spec the target moves to with the definition, when its
+/// default spec partitions otherwise: the definition's transforms over the
+/// columns of `schema` (the target's, once evolved), by name. A field keeps
+/// the id an older spec gave its source and transform (Iceberg's rule); a
+/// new one takes the next after `last-partition-id`.
+fn repartition(
+    flow: &Flow,
+    meta: &TableMetadata,
+    schema: &Schema,
+) -> Result<Option<UnboundPartitionSpec>> {
+    let have = render_spec(meta.default_partition_spec(), schema);
     let want = render_spec(&flow.partition_spec, &flow.target_schema);
-    if have != want {
-        return Err(Error::State {
-            code: codes::PARTITION_DRIFT,
-            message: format!(
-                "flow `{}`: partition_by is {want} but the existing target {} is partitioned by {have}; change partition_by back or run `autocdc refresh --full {}`",
-                flow.name, flow.target, flow.name
-            ),
+    if have == want {
+        return Ok(None);
+    }
+    let refused = |why: String| Error::State {
+        code: codes::PARTITION_DRIFT,
+        message: format!(
+            "flow `{}`: partition_by {want} cannot partition {} (now {have}): {why}",
+            flow.name, flow.target
+        ),
+    };
+    let known: HashMap<(i32, String), i32> = meta
+        .partition_specs_iter()
+        .flat_map(|s| s.fields())
+        .map(|f| ((f.source_id, f.transform.to_string()), f.field_id))
+        .collect();
+    let mut next = meta.last_partition_id();
+    let mut fields = Vec::new();
+    for f in flow.partition_spec.fields() {
+        let name = flow
+            .target_schema
+            .field_by_id(f.source_id)
+            .map_or("", |c| c.name.as_str());
+        let col = schema
+            .field_by_name(name)
+            .ok_or_else(|| refused(format!("the target has no column `{name}`")))?;
+        let field_id = *known
+            .get(&(col.id, f.transform.to_string()))
+            .unwrap_or_else(|| {
+                next += 1;
+                &next
+            });
+        fields.push(UnboundPartitionField {
+            source_id: col.id,
+            field_id: Some(field_id),
+            name: f.name.clone(),
+            transform: f.transform,
         });
     }
+    let spec = UnboundPartitionSpec::builder()
+        .add_partition_fields(fields)
+        .map_err(|e| refused(e.message().to_string()))?
+        .build();
+    // Bound now, so a spec the table cannot take fails before anything changes.
+    PartitionSpecBuilder::new_from_unbound(spec.clone(), Arc::new(schema.clone()))
+        .and_then(|b| b.build())
+        .map_err(|e| refused(e.message().to_string()))?;
+    Ok(Some(spec))
+}
+
+/// The target's keys (its identifier fields) against the definition's.
+fn check_keys(flow: &Flow, meta: &TableMetadata) -> Result<()> {
     let table = meta.current_schema();
     let mut keys: Vec<String> = table
         .identifier_field_ids()
@@ -673,11 +725,13 @@ fn target_evolution(flow: &Flow, meta: &TableMetadata) -> Result<Option<Evolutio
 struct Evolutions {
     target: Option<Evolution>,
     state: Option<Evolution>,
+    /// The target's new default partition spec.
+    spec: Option<UnboundPartitionSpec>,
 }
 
 /// An existing target (and its state table, when there is one) against
 /// the definition: the state's keys and sequence first (Spark's order), then
-/// the target's partitioning, keys and columns.
+/// the target's keys, columns and partitioning.
 fn check_drift(flow: &Flow, target: &TableState, state: Option<&TableState>) -> Result<Evolutions> {
     let mut evolutions = Evolutions::default();
     if let Some(s) = state {
@@ -685,8 +739,13 @@ fn check_drift(flow: &Flow, target: &TableState, state: Option<&TableState>) -> 
         evolutions.state = state_table::evolution(flow, &s.metadata)
             .map_err(|r| refused(flow, &flow.state_ident().to_string(), r))?;
     }
-    check_schema(flow, &target.metadata)?;
+    check_keys(flow, &target.metadata)?;
     evolutions.target = target_evolution(flow, &target.metadata)?;
+    let schema = evolutions
+        .target
+        .as_ref()
+        .map_or(target.metadata.current_schema().as_ref(), |e| &e.schema);
+    evolutions.spec = repartition(flow, &target.metadata, schema)?;
     Ok(evolutions)
 }
 
@@ -726,6 +785,42 @@ async fn evolve_table(
     Ok(t)
 }
 
+/// Makes `spec` the target's default partition spec: one metadata commit
+/// (`AddSpec` + `SetDefaultSpec`; an existing equal spec is reused), which
+/// fails, nothing changed, when the table's specs moved meanwhile. Files
+/// keep the spec they were written with; new ones take this one.
+async fn repartition_table(
+    flow: &Flow,
+    catalog: &dyn Catalog,
+    table: TableState,
+    spec: UnboundPartitionSpec,
+) -> Result<TableState> {
+    let requirements = vec![
+        iceberg::TableRequirement::UuidMatch {
+            uuid: table.metadata.uuid(),
+        },
+        iceberg::TableRequirement::DefaultSpecIdMatch {
+            default_spec_id: table.metadata.default_partition_spec_id(),
+        },
+        iceberg::TableRequirement::LastAssignedPartitionIdMatch {
+            last_assigned_partition_id: table.metadata.last_partition_id(),
+        },
+    ];
+    let updates = vec![
+        iceberg::TableUpdate::AddSpec { spec },
+        iceberg::TableUpdate::SetDefaultSpec { spec_id: -1 },
+    ];
+    let t = catalog.commit(&table, updates, requirements).await?;
+    tracing::info!(
+        flow = %flow.name,
+        table = %t.ident,
+        spec_id = t.metadata.default_partition_spec_id(),
+        spec = %render_spec(t.metadata.default_partition_spec(), t.metadata.current_schema()),
+        "partition spec evolved"
+    );
+    Ok(t)
+}
+
 /// The target and the state table, each created when missing (the target
 /// checked against the definition when it exists).
 async fn open_tables(
@@ -751,6 +846,16 @@ async fn open_tables(
             if let Some(e) = evolutions.target {
                 evolved.push(format!("{}: {}", t.ident, e.describe()));
                 t = evolve_table(flow, catalog, t, e).await?;
+            }
+            if let Some(spec) = evolutions.spec {
+                t = repartition_table(flow, catalog, t, spec).await?;
+                let m = &t.metadata;
+                evolved.push(format!(
+                    "{}: partition spec {} {}",
+                    t.ident,
+                    m.default_partition_spec_id(),
+                    render_spec(m.default_partition_spec(), m.current_schema())
+                ));
             }
             ensure_properties(flow, catalog, t).await?
         }
@@ -1148,7 +1253,7 @@ impl Engine {
         report.bytes_written = done
             .data
             .iter()
-            .chain(&done.deletes)
+            .chain(done.deletes.iter().map(|(_, f)| f))
             .map(|f| f.file_size_in_bytes())
             .sum();
         report.rows_moved = done.rows_moved;
@@ -1219,7 +1324,7 @@ impl Engine {
     async fn commit_compaction(
         &mut self,
         data: Vec<DataFile>,
-        deletes: Vec<DataFile>,
+        deletes: Vec<(i32, DataFile)>,
         rewrite: Rewrite,
         delta: RecordBatch,
         generation: i64,
@@ -1584,7 +1689,7 @@ impl Engine {
         report.bytes_written = files
             .data
             .iter()
-            .chain(&files.deletes)
+            .chain(files.deletes.iter().map(|(_, f)| f))
             .map(|f| f.file_size_in_bytes())
             .sum();
 
@@ -1916,7 +2021,7 @@ impl Engine {
     async fn commit_target(
         &self,
         data: Vec<DataFile>,
-        deletes: Vec<DataFile>,
+        deletes: Vec<(i32, DataFile)>,
         state: &StateCommit,
         offsets: &Offsets,
         floor: Option<&[u8]>,
@@ -2037,24 +2142,28 @@ impl Engine {
 
     /// Delete files for the rows a resolution removes: position deletes for
     /// rows whose file and position the state knows, equality deletes on
-    /// the keys for the others. In a partitioned table each delete file
-    /// belongs to the partition of the data files it applies to.
+    /// the keys for the others. Each delete file has the partition spec and
+    /// partition of the data files it applies to: after `partition_by`
+    /// changed, a row in a file of an older spec is deleted in that spec.
     async fn delete_files(
         &mut self,
         file_io: &FileIO,
         namer: &mut FileNamer,
         remove_positions: &[Loc],
         remove_rows: &RecordBatch,
-    ) -> Result<Vec<DataFile>> {
-        if self.partitioner.is_some()
+    ) -> Result<Vec<(i32, DataFile)>> {
+        let meta = self.target.metadata.clone();
+        let spec_id = meta.default_partition_spec_id();
+        // Files of more than one spec may be live: the files decide.
+        let respecced = meta.partition_specs_iter().len() > 1;
+        let partitioned = self.partitioner.is_some() || respecced;
+        if partitioned
             && (!remove_positions.is_empty()
-                || (remove_rows.num_rows() > 0 && !self.partitioned_by_keys))
+                || (remove_rows.num_rows() > 0 && (respecced || !self.partitioned_by_keys)))
         {
             self.load_file_partitions().await?;
         }
-        let meta = self.target.metadata.clone();
         let schema = meta.current_schema();
-        let spec_id = meta.default_partition_spec_id();
         let eq_names = if remove_rows.num_rows() == 0 {
             Vec::new()
         } else {
@@ -2072,33 +2181,32 @@ impl Engine {
             .collect();
         let all_rows: Vec<u32> = (0..remove_rows.num_rows() as u32).collect();
         let mut out = Vec::new();
-        let Some(partitioner) = self.partitioner.clone() else {
+        if !partitioned {
             let pos: Vec<(&str, u32)> = remove_positions
                 .iter()
                 .map(|l| (self.state.files().path(l.file), l.pos))
                 .collect();
             let none = Struct::empty();
-            out.extend(write::position_delete_file(file_io, namer, spec_id, &none, "", pos).await?);
-            out.extend(
-                write::equality_delete_file(
-                    file_io, namer, schema, spec_id, &none, "", &key_names, &key_cols, &all_rows,
-                )
-                .await?,
-            );
-            return Ok(out);
-        };
+            let pos = write::position_delete_file(file_io, namer, spec_id, &none, "", pos).await?;
+            let eq = write::equality_delete_file(
+                file_io, namer, schema, spec_id, &none, "", &key_names, &key_cols, &all_rows,
+            )
+            .await?;
+            return Ok(pos.into_iter().chain(eq).map(|f| (spec_id, f)).collect());
+        }
         let empty = HashMap::new();
         let parts = self.file_partitions.as_ref().unwrap_or(&empty);
-        let foreign_spec = |path: &str, spec: i32| Error::State {
-            code: codes::UNSUPPORTED,
-            message: format!(
-                "flow `{}`: data file {path} has partition spec {spec}, not the table's current spec {spec_id}; autocdc writes deletes in the current spec only. Rewrite the table's files (or run `autocdc refresh --full {}`)",
-                self.flow.name, self.flow.name
-            ),
+        // Where a delete file of (spec, partition) goes: the partition's
+        // directory in the default spec, else beside a data file it applies to.
+        let dir = |spec: i32, part: &Struct, beside: &str| match &self.partitioner {
+            Some(p) if spec == spec_id => p.path(part),
+            _ => write::partition_dir(meta.location(), beside),
         };
 
-        // Position deletes, grouped by the partition of the file they point into.
-        let mut by_part: HashMap<&Struct, Vec<(&str, u32)>> = HashMap::new();
+        // Position deletes, grouped by the (spec, partition) of the file they point into.
+        // (directory, (data file, position) per deleted row)
+        type Deleted<'a> = (String, Vec<(&'a str, u32)>);
+        let mut by_part: HashMap<(i32, &Struct), Deleted> = HashMap::new();
         for l in remove_positions {
             let path = self.state.files().path(l.file);
             let Some((spec, part)) = parts.get(path) else {
@@ -2110,46 +2218,61 @@ impl Engine {
                     ),
                 });
             };
-            if *spec != spec_id {
-                return Err(foreign_spec(path, *spec));
-            }
-            by_part.entry(part).or_default().push((path, l.pos));
+            by_part
+                .entry((*spec, part))
+                .or_insert_with(|| (dir(*spec, part, path), Vec::new()))
+                .1
+                .push((path, l.pos));
         }
-        for (part, pos) in by_part {
-            let dir = partitioner.path(part);
-            out.extend(
-                write::position_delete_file(file_io, namer, spec_id, part, &dir, pos).await?,
-            );
+        for ((spec, part), (dir, pos)) in by_part {
+            if let Some(f) =
+                write::position_delete_file(file_io, namer, spec, part, &dir, pos).await?
+            {
+                out.push((spec, f));
+            }
         }
 
-        // Equality deletes: in the key's own partition when keys alone decide
-        // it; otherwise in every partition that has data files.
+        // Equality deletes: in the default spec, in the key's own partition
+        // when keys alone decide it; everywhere else, in every partition
+        // that has data files.
         if remove_rows.num_rows() == 0 {
             return Ok(out);
         }
-        let groups: Vec<(Struct, Vec<u32>)> = if self.partitioned_by_keys {
-            partitioner.group(remove_rows)?.into_iter().collect()
-        } else {
-            let mut seen = std::collections::HashSet::new();
-            let mut v = Vec::new();
-            for (path, (spec, part)) in parts {
-                if *spec != spec_id {
-                    return Err(foreign_spec(path, *spec));
+        let mut groups: Vec<(i32, Struct, String, Vec<u32>)> = Vec::new();
+        let with_files: std::collections::HashSet<(i32, &Struct)> =
+            parts.values().map(|(spec, part)| (*spec, part)).collect();
+        let by_keys = match &self.partitioner {
+            Some(p) if self.partitioned_by_keys => {
+                for (part, rows) in p.group(remove_rows)? {
+                    // With the files loaded, only partitions that have some.
+                    if self.file_partitions.is_none() || with_files.contains(&(spec_id, &part)) {
+                        let dir = p.path(&part);
+                        groups.push((spec_id, part, dir, rows));
+                    }
                 }
-                if seen.insert(part) {
-                    v.push((part.clone(), all_rows.clone()));
-                }
+                true
             }
-            v
+            _ => false,
         };
-        for (part, rows) in groups {
-            let dir = partitioner.path(&part);
-            out.extend(
-                write::equality_delete_file(
-                    file_io, namer, schema, spec_id, &part, &dir, &key_names, &key_cols, &rows,
-                )
-                .await?,
-            );
+        let mut seen = std::collections::HashSet::new();
+        for (path, (spec, part)) in parts {
+            if !(by_keys && *spec == spec_id) && seen.insert((*spec, part)) {
+                groups.push((
+                    *spec,
+                    part.clone(),
+                    dir(*spec, part, path),
+                    all_rows.clone(),
+                ));
+            }
+        }
+        for (spec, part, dir, rows) in groups {
+            if let Some(f) = write::equality_delete_file(
+                file_io, namer, schema, spec, &part, &dir, &key_names, &key_cols, &rows,
+            )
+            .await?
+            {
+                out.push((spec, f));
+            }
         }
         Ok(out)
     }

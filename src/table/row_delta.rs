@@ -30,8 +30,11 @@ pub struct Produced {
 
 /// What one snapshot adds.
 pub struct RowDelta {
+    /// New data files, all in the table's default partition spec.
     pub data: Vec<DataFile>,
-    pub deletes: Vec<DataFile>,
+    /// New delete files, each with the partition spec of the data files it
+    /// applies to (an older spec's, after `partition_by` changed).
+    pub deletes: Vec<(i32, DataFile)>,
     /// Keep the manifests of this snapshot (None: start empty).
     pub base_snapshot: Option<i64>,
     /// Drop everything of the base: an overwrite that replaces the table's contents.
@@ -181,7 +184,7 @@ pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> R
     let snapshot_id = new_snapshot_id(table);
     let seq = meta.next_sequence_number();
     let schema = meta.current_schema().clone();
-    let spec = meta.default_partition_spec().clone();
+    let spec = meta.default_partition_spec();
     let commit = Uuid::new_v4();
     let manifest_path = |n: usize| format!("{}/metadata/{commit}-m{n}.avro", meta.location());
 
@@ -190,15 +193,31 @@ pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> R
         .and_then(|id| meta.snapshot_by_id(id).cloned());
     let mut manifests: Vec<ManifestFile> = Vec::new();
     let mut summary = SnapshotSummaryCollector::default();
-    for (n, files, deletes) in [(0, &delta.data, false), (1, &delta.deletes, true)] {
-        if files.is_empty() {
-            continue;
+    // One manifest of the data files, one of delete files per spec.
+    let mut groups: Vec<(bool, i32, Vec<&DataFile>)> = Vec::new();
+    if !delta.data.is_empty() {
+        groups.push((false, spec.spec_id(), delta.data.iter().collect()));
+    }
+    for (spec_id, f) in &delta.deletes {
+        match groups.iter_mut().find(|g| g.0 && g.1 == *spec_id) {
+            Some(g) => g.2.push(f),
+            None => groups.push((true, *spec_id, vec![f])),
         }
+    }
+    for (n, (deletes, spec_id, files)) in groups.into_iter().enumerate() {
+        let Some(spec) = meta.partition_spec_by_id(spec_id) else {
+            return Err(crate::error::Error::State {
+                code: crate::error::codes::UNSUPPORTED,
+                message: format!(
+                    "a delete file names partition spec {spec_id}, which the table does not have"
+                ),
+            });
+        };
         let builder = ManifestWriterBuilder::new(
             file_io.new_output(manifest_path(n))?,
             Some(snapshot_id),
             schema.clone(),
-            (*spec).clone(),
+            (**spec).clone(),
         );
         let mut w = if deletes {
             builder.build_v2_deletes()

@@ -133,8 +133,19 @@ impl Partitioner {
     }
 }
 
+/// The partition directory (`name=value/...`) of `path` under the data
+/// directory of the table at `location`, as `FileNamer` lays it out; "" for
+/// a file elsewhere. Deletes for files of an older partition spec go beside them.
+pub fn partition_dir(location: &str, path: &str) -> String {
+    path.strip_prefix(location)
+        .and_then(|p| p.strip_prefix("/data/"))
+        .and_then(|p| p.rsplit_once('/'))
+        .map_or_else(String::new, |(dir, _)| dir.to_string())
+}
+
 /// Names files of one commit: `<table>/data/[<partition>/]<commit-uuid>-<kind>-<n>.parquet`.
 pub struct FileNamer {
+    location: String,
     dir: String,
     commit: Uuid,
     n: usize,
@@ -143,10 +154,16 @@ pub struct FileNamer {
 impl FileNamer {
     pub fn new(table_location: &str) -> Self {
         FileNamer {
+            location: table_location.to_string(),
             dir: format!("{table_location}/data"),
             commit: Uuid::new_v4(),
             n: 0,
         }
+    }
+
+    /// The table's location.
+    pub fn location(&self) -> &str {
+        &self.location
     }
 
     fn next(&mut self, kind: &str) -> String {

@@ -382,9 +382,10 @@ async fn show(config: &Path, warehouse: Option<String>, table: &str, limit: usiz
     let total: usize = batches.iter().map(|b| b.num_rows()).sum();
     print_rows(&batches, limit)?;
     println!(
-        "({total} rows; snapshot {:?}; schema {})",
+        "({total} rows; snapshot {:?}; schema {}; partition spec {})",
         t.metadata.current_snapshot_id(),
-        t.metadata.current_schema_id()
+        t.metadata.current_schema_id(),
+        t.metadata.default_partition_spec_id()
     );
     Ok(())
 }
