@@ -174,6 +174,7 @@ pub mod codes {
     pub const KEY_TOO_LONG: &str = "AUTOCDC_MICROBATCH_VALIDATION.KEY_TOO_LONG";
     pub const BATCH_TOO_LARGE: &str = "AUTOCDC_MICROBATCH_VALIDATION.TOO_LARGE";
     pub const ARROW: &str = "AUTOCDC_MICROBATCH_VALIDATION.ARROW";
+    pub const TOO_MANY_COLUMNS: &str = "AUTOCDC_MICROBATCH_VALIDATION.TOO_MANY_COLUMNS";
 
     // Requests the HTTP layer refuses before a flow sees them.
     pub const BODY_TOO_LARGE: &str = "AUTOCDC_BODY_TOO_LARGE";
@@ -253,6 +254,7 @@ pub const REGISTRY: &[CodeInfo] = {
         info(BATCH_TOO_LARGE, 400, "more rows than `max_rows_per_request`, or a batch over half of `max_log_bytes`"),
         info(KEY_TOO_LONG, 400, "a key or sequence value over `max_key_bytes`"),
         info(MISSING_COLUMN, 400, "a key or sequence column is missing from the batch"),
+        info(TOO_MANY_COLUMNS, 400, "`schema_evolution = \"add_columns\"`: a body that would add over 64 columns, or grow the flow over 1000"),
         info(NULL_KEY, 422, "a null key"),
         info(NULL_SEQUENCE, 422, "a null sequence"),
         info(SEQUENCE_TIE, 422, "two changes of one key with the same sequence, under `on_sequence_tie = \"error\"`"),

@@ -130,6 +130,24 @@ pub enum TiePolicy {
     Error,
 }
 
+/// What a pushed field that names no column does.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SchemaEvolution {
+    /// It is refused (`400 ...COLUMN`).
+    #[default]
+    None,
+    /// It adds an optional column, and a column the target has that the
+    /// definition lacks is kept (a restart does not drop it).
+    AddColumns,
+}
+
+impl SchemaEvolution {
+    pub fn is_none(&self) -> bool {
+        *self == SchemaEvolution::None
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ColumnDef {
@@ -240,6 +258,11 @@ pub struct FlowConfig {
     /// sequences, column lists and input fields match regardless of case.
     #[serde(default)]
     pub case_sensitive: bool,
+    /// `add_columns`: a pushed field that names no column adds an optional
+    /// column (its type from the Arrow field or the JSON values). Default
+    /// `none`: such a field is refused.
+    #[serde(default, skip_serializing_if = "SchemaEvolution::is_none")]
+    pub schema_evolution: SchemaEvolution,
     /// Compaction of the target's and the state table's files (`[flow.compaction]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<CompactionConfig>,

@@ -15,7 +15,7 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::core::flow::FlowConfig;
+use crate::core::flow::{FlowConfig, SchemaEvolution};
 use crate::error::{Error, codes};
 use crate::service::Service;
 use crate::service::input;
@@ -423,11 +423,15 @@ fn view(rt: &crate::service::FlowRuntime) -> FlowView {
 
 /// The body of a push in the flow's source schema, and its Idempotency-Key.
 async fn decode_body(
-    rt: &Arc<crate::service::FlowRuntime>,
-    limits: input::Limits,
+    service: &Arc<Service>,
+    rt: Arc<crate::service::FlowRuntime>,
     headers: &HeaderMap,
     body: Bytes,
-) -> ApiResult<(arrow_array::RecordBatch, Option<String>)> {
+) -> ApiResult<(
+    Arc<crate::service::FlowRuntime>,
+    arrow_array::RecordBatch,
+    Option<String>,
+)> {
     let ctype = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -438,40 +442,89 @@ async fn decode_body(
         .trim()
         .to_ascii_lowercase();
     let key = idempotency_key(headers)?;
-    let f = rt.flow.clone();
-    let batch = tokio::task::spawn_blocking(move || {
-        let decode = || match ctype.as_str() {
-            NDJSON | "application/jsonl" => Ok(input::decode_ndjson(&f, &body, limits)),
-            "application/json" => Ok(input::decode_json_array(&f, &body, limits)),
-            ARROW_STREAM => Ok(input::decode_arrow_ipc(&f, &body, limits)),
-            other => Err(other.to_string()),
-        };
-        // A decoder panic on hostile bytes is the body's fault: a 400
-        // without the panic's text, never a dead worker or a 5xx.
-        input::catch_quietly(decode).unwrap_or_else(|_| {
-            Ok(Err(Error::Input {
-                code: crate::error::codes::MALFORMED_BODY,
-                flow: f.name.clone(),
-                message: "the body could not be decoded".into(),
-            }))
-        })
-    })
-    .await
-    .map_err(|e| ApiError::from(Error::Unavailable(e.to_string())))?;
-    let batch = match batch {
-        Ok(Ok(b)) => b,
-        Ok(Err(e)) => {
-            rt.count_rejected();
-            return Err(e.into());
-        }
-        Err(other) => {
+    let format = match ctype.as_str() {
+        NDJSON | "application/jsonl" => input::BodyFormat::Ndjson,
+        "application/json" => input::BodyFormat::JsonArray,
+        ARROW_STREAM => input::BodyFormat::ArrowStream,
+        other => {
             rt.count_rejected();
             return Err(ApiError::UnsupportedMediaType(format!(
                 "content type `{other}` is not accepted; use {NDJSON}, application/json (an array of objects) or {ARROW_STREAM}"
             )));
         }
     };
-    Ok((batch, key))
+    let limits = service.config.limits();
+    let first = decode_with(&rt.flow, format, &body, limits, true).await?;
+    let err = match first {
+        Ok(b) => return Ok((rt, b, key)),
+        Err(e) if rt.flow.config.schema_evolution != SchemaEvolution::AddColumns => e,
+        Err(e) => {
+            // An `add_columns` flow: fields that name no column become
+            // columns (one definition change), then the body is read again.
+            let f = rt.flow.clone();
+            let b = body.clone();
+            let columns = tokio::task::spawn_blocking(move || {
+                input::catch_quietly(|| input::new_columns(&f, format, &b, limits))
+                    .unwrap_or_else(|_| Ok(Vec::new()))
+            })
+            .await
+            .map_err(|e| ApiError::from(Error::Unavailable(e.to_string())))?;
+            match columns {
+                Ok(c) if c.is_empty() => e,
+                Err(refused) => refused,
+                Ok(columns) => {
+                    // The body must be good under the widened definition
+                    // before anything is added: a refused push adds nothing.
+                    let candidate = crate::core::flow::Flow::new(
+                        crate::service::infer::with_columns(&rt.flow, &columns)?,
+                    )?;
+                    let checked = decode_with(&candidate, format, &body, limits, false)
+                        .await?
+                        .and_then(|b| crate::core::resolve::validate(&candidate, &b));
+                    if let Err(e) = checked {
+                        rt.count_rejected();
+                        return Err(e.into());
+                    }
+                    let rt = service.add_columns(&rt, columns).await?;
+                    return match decode_with(&rt.flow, format, &body, limits, false).await? {
+                        Ok(b) => Ok((rt, b, key)),
+                        Err(e) => {
+                            rt.count_rejected();
+                            Err(e.into())
+                        }
+                    };
+                }
+            }
+        }
+    };
+    rt.count_rejected();
+    Err(err.into())
+}
+
+/// Decodes a body on a blocking thread. A decoder panic on hostile bytes
+/// is the body's fault: a 400 without the panic's text, never a dead
+/// worker or a 5xx.
+async fn decode_with(
+    flow: &crate::core::flow::Flow,
+    format: input::BodyFormat,
+    body: &Bytes,
+    limits: input::Limits,
+    strict: bool,
+) -> ApiResult<crate::error::Result<arrow_array::RecordBatch>> {
+    let (f, body) = (flow.clone(), body.clone());
+    tokio::task::spawn_blocking(move || {
+        input::catch_quietly(|| input::decode(&f, format, &body, limits, strict)).unwrap_or_else(
+            |_| {
+                Err(Error::Input {
+                    code: crate::error::codes::MALFORMED_BODY,
+                    flow: f.name.clone(),
+                    message: "the body could not be decoded".into(),
+                })
+            },
+        )
+    })
+    .await
+    .map_err(|e| ApiError::from(Error::Unavailable(e.to_string())))
 }
 
 /// The `Idempotency-Key` header: 1 to 200 visible ASCII characters. An
@@ -532,7 +585,7 @@ async fn post_changes(
 ) -> ApiResult<Response> {
     authorize(&service, &headers, Some(&flow))?;
     let rt = service.flow(&flow)?;
-    let (batch, key) = decode_body(&rt, service.config.limits(), &headers, body).await?;
+    let (rt, batch, key) = decode_body(&service, rt, &headers, body).await?;
     let accepted = service.ingest(&rt, batch, key).await?;
     if q.wait.as_deref() == Some("commit") {
         let snapshot_id = wait_for_commit(&service, &rt, accepted.offset).await?;
@@ -597,7 +650,7 @@ async fn post_snapshots(
     let Some(version) = q.version else {
         return Err(ApiError::SnapshotVersionRequired("a snapshot needs its version: POST /v1/flows/{flow}/snapshots?version=V (versions must increase)".into()));
     };
-    let (batch, key) = decode_body(&rt, service.config.limits(), &headers, body).await?;
+    let (rt, batch, key) = decode_body(&service, rt, &headers, body).await?;
     let accepted = service.ingest_snapshot(&rt, batch, version, key).await?;
     let mut answer = SnapshotResponse {
         accepted: accepted.accepted,

@@ -12,6 +12,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::core::flow::Flow;
 use crate::error::{Error, Result, codes};
+use crate::service::infer;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -214,9 +215,20 @@ fn too_many_rows(flow: &Flow, limits: Limits) -> Error {
 }
 
 /// Decodes rows, each one JSON object, into the flow's source schema.
-/// Unknown fields are rejected; an error names its row and column.
-fn decode_json_rows(flow: &Flow, rows: &[&[u8]]) -> Result<RecordBatch> {
-    match decode_json_exact(flow, rows) {
+/// Unknown fields are rejected (`strict`) or ignored; an error names its
+/// row and column.
+fn decode_json_rows(flow: &Flow, rows: &[&[u8]], strict: bool) -> Result<RecordBatch> {
+    if !strict {
+        // Nothing fails on a key in another case, so rename up front.
+        return match json::canonical_keys(flow, rows)? {
+            Some(fixed) => {
+                let fixed: Vec<&[u8]> = fixed.iter().map(Vec::as_slice).collect();
+                decode_json_exact(flow, &fixed, false)
+            }
+            None => decode_json_exact(flow, rows, false),
+        };
+    }
+    match decode_json_exact(flow, rows, true) {
         // A field named in another case than the definition's: the decoder
         // matches names exactly, so rewrite the keys and decode again (only
         // such bodies pay for it).
@@ -224,7 +236,7 @@ fn decode_json_rows(flow: &Flow, rows: &[&[u8]]) -> Result<RecordBatch> {
             match json::canonical_keys(flow, rows)? {
                 Some(fixed) => {
                     let fixed: Vec<&[u8]> = fixed.iter().map(Vec::as_slice).collect();
-                    decode_json_exact(flow, &fixed)
+                    decode_json_exact(flow, &fixed, true)
                 }
                 None => Err(e),
             }
@@ -234,12 +246,12 @@ fn decode_json_rows(flow: &Flow, rows: &[&[u8]]) -> Result<RecordBatch> {
 }
 
 /// Decodes rows whose keys are the definition's names exactly.
-fn decode_json_exact(flow: &Flow, rows: &[&[u8]]) -> Result<RecordBatch> {
+fn decode_json_exact(flow: &Flow, rows: &[&[u8]], strict: bool) -> Result<RecordBatch> {
     let schema = json_schema(flow);
     let decoder = || {
         arrow_json::ReaderBuilder::new(schema.clone())
             .with_batch_size(CHUNK)
-            .with_strict_mode(true)
+            .with_strict_mode(strict)
             .with_coerce_primitive(true)
             .build_decoder()
     };
@@ -286,9 +298,71 @@ fn decode_json_exact(flow: &Flow, rows: &[&[u8]]) -> Result<RecordBatch> {
     concat(flow, out)
 }
 
+/// A pushed body's format (from its content type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFormat {
+    /// One change per line (`application/x-ndjson`).
+    Ndjson,
+    /// A JSON array of change objects (`application/json`).
+    JsonArray,
+    /// An Arrow IPC stream (`application/vnd.apache.arrow.stream`).
+    ArrowStream,
+}
+
+/// Decodes a pushed body into the flow's source schema. A field that names
+/// no column is refused (`strict`) or ignored: an `add_columns` flow, once
+/// the fields that have values are columns, ignores those null in every row.
+pub fn decode(
+    flow: &Flow,
+    format: BodyFormat,
+    body: &[u8],
+    limits: Limits,
+    strict: bool,
+) -> Result<RecordBatch> {
+    match format {
+        BodyFormat::Ndjson => decode_json_rows(flow, &ndjson_rows(flow, body, limits)?, strict),
+        BodyFormat::JsonArray => decode_json_rows(flow, &array_rows(flow, body, limits)?, strict),
+        BodyFormat::ArrowStream => decode_ipc(flow, body, limits, strict),
+    }
+}
+
+/// The columns a body's fields that name no column would add
+/// (`schema_evolution = "add_columns"`, typed as `infer` says). A body too
+/// damaged to read adds none: decoding it reports why.
+pub fn new_columns(
+    flow: &Flow,
+    format: BodyFormat,
+    body: &[u8],
+    limits: Limits,
+) -> Result<Vec<crate::core::flow::ColumnDef>> {
+    match format {
+        BodyFormat::Ndjson => infer::json_columns(flow, &ndjson_rows(flow, body, limits)?),
+        BodyFormat::JsonArray => infer::json_columns(flow, &array_rows(flow, body, limits)?),
+        BodyFormat::ArrowStream => {
+            if check_ipc_framing(body).is_err() {
+                return Ok(Vec::new());
+            }
+            let schema = catch_quietly(|| {
+                arrow_ipc::reader::StreamReader::try_new(body, None)
+                    .ok()
+                    .map(|r| r.schema())
+            });
+            match schema {
+                Ok(Some(s)) => infer::arrow_columns(flow, &s),
+                _ => Ok(Vec::new()),
+            }
+        }
+    }
+}
+
 /// Decodes a request body of NDJSON (one change per line) into the flow's
 /// source schema. Blank lines are skipped and do not count as rows.
 pub fn decode_ndjson(flow: &Flow, body: &[u8], limits: Limits) -> Result<RecordBatch> {
+    decode(flow, BodyFormat::Ndjson, body, limits, true)
+}
+
+/// The non-blank lines of an NDJSON body, trimmed.
+fn ndjson_rows<'a>(flow: &Flow, body: &'a [u8], limits: Limits) -> Result<Vec<&'a [u8]>> {
     let mut rows = Vec::new();
     for line in body.split(|&b| b == b'\n') {
         if line.iter().all(u8::is_ascii_whitespace) {
@@ -299,13 +373,17 @@ pub fn decode_ndjson(flow: &Flow, body: &[u8], limits: Limits) -> Result<RecordB
         }
         rows.push(line.trim_ascii());
     }
-    decode_json_rows(flow, &rows)
+    Ok(rows)
 }
 
 /// Decodes a JSON array of change objects. The array is split into its
 /// elements by a scan (no recursion, no tree), then read like NDJSON.
 pub fn decode_json_array(flow: &Flow, body: &[u8], limits: Limits) -> Result<RecordBatch> {
-    let rows = array_elements(body, limits.max_rows).map_err(|e| match e {
+    decode(flow, BodyFormat::JsonArray, body, limits, true)
+}
+
+fn array_rows<'a>(flow: &Flow, body: &'a [u8], limits: Limits) -> Result<Vec<&'a [u8]>> {
+    array_elements(body, limits.max_rows).map_err(|e| match e {
         None => too_many_rows(flow, limits),
         Some(why) => body_err(
             flow,
@@ -314,8 +392,7 @@ pub fn decode_json_array(flow: &Flow, body: &[u8], limits: Limits) -> Result<Rec
             None,
             format!("the body is not a JSON array of objects: {why}"),
         ),
-    })?;
-    decode_json_rows(flow, &rows)
+    })
 }
 
 /// The elements of a JSON array, as byte slices; `Err(None)` when there are

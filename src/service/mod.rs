@@ -15,6 +15,7 @@
 mod committer;
 pub mod dead_letter;
 pub mod http;
+pub mod infer;
 pub mod input;
 pub mod metrics;
 pub mod wal;
@@ -327,6 +328,9 @@ pub struct Service {
     /// Opens each flow's ingest log (`LocalLogs` unless given).
     logs: Arc<dyn LogFactory>,
     ready: std::sync::atomic::AtomicBool,
+    /// Held while columns inferred from a push are added to a flow, so two
+    /// pushes with one new field add it once.
+    adding_columns: tokio::sync::Mutex<()>,
     /// Client connections (the HTTP layer counts them here).
     pub connections: crate::service::http::Connections,
 }
@@ -371,6 +375,7 @@ impl Service {
             flows: RwLock::new(HashMap::new()),
             logs,
             ready: false.into(),
+            adding_columns: Default::default(),
             connections: Default::default(),
         }))
     }
@@ -442,7 +447,7 @@ impl Service {
     /// target, drift from the existing target) changes nothing on disk or in
     /// memory, and the running flow keeps running.
     pub async fn put_flow(self: &Arc<Self>, cfg: FlowConfig) -> Result<Arc<FlowRuntime>> {
-        let flow = Flow::new(cfg.clone())?;
+        let flow = self.with_target_columns(Flow::new(cfg.clone())?).await?;
         if let Some(other) = self
             .flows()
             .into_iter()
@@ -526,7 +531,83 @@ impl Service {
         }
     }
 
+    /// Adds `columns` (inferred from a push to an `add_columns` flow) to the
+    /// flow's definition: a definition change like `PUT /v1/flows/{flow}`
+    /// (the target evolves before the push is logged). Columns another push
+    /// added meanwhile are not added twice. The flow's runtime from now on.
+    pub async fn add_columns(
+        self: &Arc<Self>,
+        rt: &FlowRuntime,
+        columns: Vec<crate::core::flow::ColumnDef>,
+    ) -> Result<Arc<FlowRuntime>> {
+        let _one = self.adding_columns.lock().await;
+        let current = self.flow(&rt.flow.name)?;
+        let columns: Vec<_> = columns
+            .into_iter()
+            .filter(|c| current.flow.field_column(&c.name).is_none())
+            .collect();
+        if columns.is_empty() {
+            return Ok(current);
+        }
+        let cfg = crate::service::infer::with_columns(&current.flow, &columns)?;
+        let names: Vec<String> = columns
+            .iter()
+            .map(|c| format!("{} {}", c.name, c.ty))
+            .collect();
+        tracing::info!(flow = %rt.flow.name, columns = %names.join(", "), "columns added from input");
+        self.put_flow(cfg).await
+    }
+
+    /// An `add_columns` flow with the columns its target has that the
+    /// definition lacks (added from input earlier, maybe by another
+    /// process): a restart, or a definition sent without them, keeps them
+    /// rather than dropping them.
+    async fn with_target_columns(&self, flow: Flow) -> Result<Flow> {
+        if flow.config.schema_evolution != crate::core::flow::SchemaEvolution::AddColumns {
+            return Ok(flow);
+        }
+        let Some(t) = self.catalog.load_table(&flow.target).await? else {
+            return Ok(flow);
+        };
+        let renamed: Vec<&str> = flow
+            .config
+            .columns
+            .iter()
+            .filter_map(|c| c.renamed_from.as_deref())
+            .collect();
+        let kept: Vec<crate::core::flow::ColumnDef> = t
+            .metadata
+            .current_schema()
+            .as_struct()
+            .fields()
+            .iter()
+            .filter(|f| {
+                f.name != crate::core::flow::START_AT
+                    && f.name != crate::core::flow::END_AT
+                    && flow.field_column(&f.name).is_none()
+                    && !renamed.contains(&f.name.as_str())
+            })
+            .filter_map(|f| {
+                let ty = f.field_type.as_primitive_type()?.to_string();
+                crate::core::flow::parse_type(&ty)?;
+                Some(crate::core::flow::ColumnDef {
+                    name: f.name.clone(),
+                    ty,
+                    required: false,
+                    renamed_from: None,
+                })
+            })
+            .collect();
+        if kept.is_empty() {
+            return Ok(flow);
+        }
+        let mut cfg = flow.config.clone();
+        cfg.columns.extend(kept);
+        Flow::new(cfg)
+    }
+
     async fn start_flow(self: &Arc<Self>, flow: Flow) -> Result<Arc<FlowRuntime>> {
+        let flow = self.with_target_columns(flow).await?;
         let log_ref = LogRef {
             id: self.logs.identity(&flow.name)?,
             retention_ms: self.config.log_offsets_retention()?.as_millis() as i64,
