@@ -498,28 +498,14 @@ fn flows_are_created_over_http_and_survive_a_restart() {
         r.stop().await.unwrap();
 
         let r = start(config(tmp.path(), vec![])).await;
-        let list: Value = c
-            .get(url(&r, "/v1/flows"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let list: Value = get_json(&c, &r, "/v1/flows").await;
         assert_eq!(list["flows"][0]["name"], "h", "{list}");
         assert_eq!(list["flows"][0]["status"]["committed_offset"], 1, "{list}");
         let resp = c.delete(url(&r, "/v1/flows/h")).send().await.unwrap();
         assert_eq!(resp.status().as_u16(), 204);
         let resp = c.get(url(&r, "/v1/flows/h")).send().await.unwrap();
         assert_eq!(resp.status().as_u16(), 404);
-        let metrics = c
-            .get(url(&r, "/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = get_text(&c, &r, "/metrics").await;
         assert!(metrics.contains("autocdc_ready 1"), "{metrics}");
         r.stop().await.unwrap();
         // The table stays.
@@ -575,14 +561,7 @@ fn a_definition_put_over_http_evolves_the_table() {
                 v["status"]["partition_spec_id"].as_i64(),
             )
         };
-        let got: Value = c
-            .get(url(&r, "/v1/flows/h"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let got: Value = get_json(&c, &r, "/v1/flows/h").await;
         assert_eq!(status(&got), (Some(0), Some(0)), "{got}");
 
         // A new column and a partition field: one commit each, the flow goes on.
@@ -606,14 +585,7 @@ fn a_definition_put_over_http_evolves_the_table() {
             &["3", "Bath", "NULL", "1"],
         ]);
         assert_eq!(table(tmp.path(), "h").await, want);
-        let metrics = c
-            .get(url(&r, "/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = get_text(&c, &r, "/metrics").await;
         assert!(
             metrics.contains("autocdc_partition_spec_id{flow=\"h\"} 1"),
             "{metrics}"
@@ -622,14 +594,7 @@ fn a_definition_put_over_http_evolves_the_table() {
 
         // The persisted definition reopens as it is: nothing more evolves.
         let r = start(config(tmp.path(), vec![])).await;
-        let got: Value = c
-            .get(url(&r, "/v1/flows/h"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let got: Value = get_json(&c, &r, "/v1/flows/h").await;
         assert_eq!(status(&got), (Some(1), Some(1)), "{got}");
         assert_eq!(
             got["status"]["schema_evolutions"].as_u64(),
@@ -643,14 +608,7 @@ fn a_definition_put_over_http_evolves_the_table() {
 
 /// The flow's declared columns as (name, type), from `GET /v1/flows/{flow}`.
 async fn declared(c: &reqwest::Client, r: &http::Running, flow: &str) -> Vec<(String, String)> {
-    let v: Value = c
-        .get(url(r, &format!("/v1/flows/{flow}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = get_json(c, r, &format!("/v1/flows/{flow}")).await;
     v["definition"]["columns"]
         .as_array()
         .unwrap()
@@ -793,14 +751,7 @@ fn add_columns_flows_take_new_fields_from_json_and_arrow() {
         let r = start(config(tmp.path(), vec![cfg.clone()])).await;
         let changes = url(&r, "/v1/flows/a/changes");
         assert_eq!(declared(&c, &r, "a").await, named(&want));
-        let got: Value = c
-            .get(url(&r, "/v1/flows/a"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let got: Value = get_json(&c, &r, "/v1/flows/a").await;
         assert_eq!(
             got["status"]["schema_evolutions"].as_u64(),
             Some(0),
@@ -859,14 +810,7 @@ fn the_openapi_document_matches_the_routes() {
     rt().block_on(async {
         let r = start(config(tmp.path(), vec![flow_cfg("c", "1h")])).await;
         let c = reqwest::Client::new();
-        let doc: Value = c
-            .get(url(&r, "/openapi.json"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let doc: Value = get_json(&c, &r, "/openapi.json").await;
         let mut documented = BTreeSet::new();
         for (path, ops) in doc["paths"].as_object().unwrap() {
             for method in ops.as_object().unwrap().keys() {
@@ -1431,14 +1375,7 @@ fn the_log_stays_under_max_log_bytes_and_reports_the_shorter_window() {
         assert_eq!(again["duplicate"], false, "{again}");
         assert_ne!(again["offset"], first.unwrap()["offset"]);
         assert_eq!(table(tmp.path(), "c").await, expected(&all));
-        let metrics = c
-            .get(url(&r, "/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = get_text(&c, &r, "/metrics").await;
         for m in [
             "autocdc_wal_max_bytes{flow=\"c\"} 65536",
             "autocdc_wal_early_released_segments_total{flow=\"c\"}",
@@ -1578,14 +1515,7 @@ fn the_maintain_endpoint_runs_between_commits_and_reports() {
         assert_eq!(m["runs"], 1, "{status}");
         assert_eq!(m["snapshots_expired_total"], 4, "{status}");
         assert!(m["bytes_deleted_total"].as_u64().unwrap() > 0, "{status}");
-        let metrics = c
-            .get(url(&r, "/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = get_text(&c, &r, "/metrics").await;
         for line in [
             "autocdc_maintenance_runs_total{flow=\"c\"} 1",
             "autocdc_maintenance_last_ok{flow=\"c\"} 1",
@@ -1684,14 +1614,7 @@ fn serve_compacts_on_the_flows_interval_and_when_asked() {
         assert_eq!(comp["data_files_written"], 1, "{report}");
         assert_eq!(report["target_stats"]["data_files"], 1, "{report}");
         assert_eq!(report["target_stats"]["delete_files"], 0, "{report}");
-        let metrics = c
-            .get(url(&r, "/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = get_text(&c, &r, "/metrics").await;
         assert!(
             metrics.contains("autocdc_compactions_total{flow=\"k\"} 2"),
             "{metrics}"

@@ -86,6 +86,30 @@ pub async fn flow_status(client: &reqwest::Client, r: &Running, flow: &str) -> V
     resp.json().await.unwrap()
 }
 
+/// The body of `GET path`, as text.
+pub async fn get_text(client: &reqwest::Client, r: &Running, path: &str) -> String {
+    client
+        .get(url(r, path))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The JSON body of `GET path`.
+pub async fn get_json(client: &reqwest::Client, r: &Running, path: &str) -> Value {
+    client
+        .get(url(r, path))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 pub async fn commit(client: &reqwest::Client, r: &Running, flow: &str) -> Value {
     let resp = client
         .post(url(r, &format!("/v1/flows/{flow}/commit")))
