@@ -5,8 +5,10 @@ reading a table proves autocdc wrote none where positions were known).
 
 Each DIR/expected/*.json names a table's metadata file, the columns to read
 and the expected rows, every value rendered as text (NULL for a null): the
-SCD Type 1 battery, and the history tables, whose columns include SCD Type
-2's __START_AT / __END_AT (__END_AT NULL on the current version).
+SCD Type 1 battery, the history tables, whose columns include SCD Type
+2's __START_AT / __END_AT (__END_AT NULL on the current version), and the
+random-evolution cases after each step (columns added, widened, renamed and
+dropped, specs added and reused: old files read through the current schema).
 
 usage: readers.py E2E_OUT_DIR [GHOST_KITCHEN_INPUT_DIR GHOST_KITCHEN_METADATA]
 """
