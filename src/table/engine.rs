@@ -269,6 +269,8 @@ pub struct StateSummary {
     pub keys: usize,
     pub live: usize,
     pub tombstones: usize,
+    /// Events held (history flows keep every event; SCD Type 1 one per key).
+    pub events: usize,
     pub bytes: usize,
     pub bytes_per_key: f64,
     pub state_snapshot_id: Option<i64>,
@@ -1495,6 +1497,7 @@ impl Engine {
             keys: sizes.keys,
             live: sizes.live,
             tombstones: sizes.keys - sizes.live,
+            events: sizes.events,
             bytes: sizes.bytes,
             bytes_per_key: if sizes.keys == 0 {
                 0.0

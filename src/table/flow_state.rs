@@ -52,6 +52,8 @@ pub struct TargetRows {
 pub struct Sizes {
     pub keys: usize,
     pub live: usize,
+    /// Events held: one per key for SCD Type 1, every kept event for history flows.
+    pub events: usize,
     pub bytes: usize,
 }
 
@@ -158,11 +160,13 @@ impl FlowState {
             FlowState::Keys(index) => Sizes {
                 keys: index.len(),
                 live: index.live(),
+                events: index.len(),
                 bytes: index.heap_bytes(),
             },
             FlowState::History { events, .. } => Sizes {
                 keys: events.len(),
                 live: events.live(),
+                events: events.events(),
                 bytes: events.heap_bytes(),
             },
         }

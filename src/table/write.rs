@@ -37,7 +37,7 @@ const MAX_FILE_ROWS: usize = 1 << 30;
 /// zstd; dictionary encoding only for string columns (where values repeat:
 /// statuses, file paths). Hashing every integer into a dictionary costs more
 /// than it saves for keys and sequences, which are mostly distinct.
-fn props(schema: &Schema) -> WriterProperties {
+pub fn props(schema: &Schema) -> WriterProperties {
     let mut b = WriterProperties::builder()
         .set_compression(Compression::ZSTD(
             ZstdLevel::try_new(1).expect("valid zstd level"),

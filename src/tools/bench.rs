@@ -50,14 +50,20 @@ pub struct BenchArgs {
     /// `partial` (SCD Type 1 with ignore_null_updates). Ratios to the first are printed.
     #[arg(long, default_value = "scd1")]
     pub flows: String,
+    /// Also apply the input to each flow kind partitioned by these
+    /// comma-separated transforms (e.g. `note,bucket[16](id)`) and print
+    /// the partitioned run beside the unpartitioned one.
+    #[arg(long)]
+    pub partition_by: Option<String>,
 }
 
 fn bench_flow(target: &str) -> Result<Flow> {
-    kind_flow(target, "scd1")
+    kind_flow(target, "scd1", &[])
 }
 
-fn kind_flow(target: &str, kind: &str) -> Result<Flow> {
+fn kind_flow(target: &str, kind: &str, partition_by: &[String]) -> Result<Flow> {
     let mut cfg = generate::changes_flow("bench", target)?;
+    cfg.partition_by = partition_by.to_vec();
     match kind {
         "scd1" => {}
         "scd2" => cfg.stored_as_scd_type = 2,
@@ -69,6 +75,24 @@ fn kind_flow(target: &str, kind: &str) -> Result<Flow> {
         }
     }
     Flow::new(cfg)
+}
+
+/// The honest limit on this machine: the seconds to write `batch` to one
+/// Parquet file with the engine's data-file settings (best of 3).
+fn parquet_floor(flow: &Flow, batch: &RecordBatch, dir: &Path) -> Result<f64> {
+    let props = crate::table::write::props(&flow.target_schema);
+    let path = dir.join("floor.parquet");
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let f = std::fs::File::create(&path)?;
+        let mut w = parquet::arrow::ArrowWriter::try_new(f, batch.schema(), Some(props.clone()))?;
+        w.write(batch)?;
+        w.close()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    std::fs::remove_file(&path)?;
+    Ok(best)
 }
 
 fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
@@ -149,6 +173,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         0,
         args.delete_fraction,
     )?;
+    let floor = parquet_floor(&flow, &all, &dir)?;
     let per = args.events.div_ceil(args.batches);
     let mut files = Vec::new();
     for (i, start) in (0..args.events).step_by(per).enumerate() {
@@ -160,18 +185,53 @@ pub async fn run(args: BenchArgs) -> Result<()> {
 
     let catalog = local_catalog(&warehouse)?;
     let kinds: Vec<&str> = args.flows.split(',').map(str::trim).collect();
-    let mut rates: Vec<(String, f64)> = Vec::new();
+    let mut runs: Vec<(String, Run)> = Vec::new();
     for kind in &kinds {
-        let flow = kind_flow(&format!("bench.events_{kind}"), kind)?;
+        let flow = kind_flow(&format!("bench.events_{kind}"), kind, &[])?;
         if kinds.len() > 1 {
             println!("-- flow kind {kind}");
         }
-        let rate = main_run(&flow, &catalog, &files, &warehouse, args.events, per).await?;
-        rates.push((kind.to_string(), rate));
+        let run = main_run(&flow, &catalog, &files, &warehouse, args.events, per).await?;
+        runs.push((kind.to_string(), run));
     }
-    if let [(first, base), rest @ ..] = rates.as_slice() {
-        for (kind, rate) in rest {
-            println!("{kind} / {first} throughput: {:.2}", rate / base);
+    println!(
+        "Parquet floor: the {} input rows written to one file with the engine's settings (zstd 1), best of 3: {:.3} s, {:.0} rows/s",
+        args.events,
+        floor,
+        args.events as f64 / floor
+    );
+    for (kind, run) in &runs {
+        println!(
+            "{kind}: engine / Parquet floor: {:.1}x the floor's time",
+            run.secs / floor
+        );
+    }
+    if let [(first, base), rest @ ..] = runs.as_slice() {
+        for (kind, run) in rest {
+            println!("{kind} / {first} throughput: {:.2}", base.secs / run.secs);
+        }
+    }
+    if let Some(spec) = &args.partition_by {
+        let by: Vec<String> = spec.split(',').map(|s| s.trim().to_string()).collect();
+        for (kind, plain) in &runs {
+            let flow = kind_flow(&format!("bench.events_{kind}_partitioned"), kind, &by)?;
+            println!("-- flow kind {kind}, partition_by [{spec}]");
+            let run = main_run(&flow, &catalog, &files, &warehouse, args.events, per).await?;
+            let (files_p, files_u) = (run.files(), plain.files());
+            let per_file_ms = if files_p > files_u {
+                format!(
+                    "{:.2} ms",
+                    (run.secs - plain.secs) * 1e3 / (files_p - files_u) as f64
+                )
+            } else {
+                "n/a".to_string()
+            };
+            println!(
+                "{kind} partitioned / unpartitioned: {:.2}x the time; files per commit {:.1} vs {:.1}; cost per extra file {per_file_ms}",
+                run.secs / plain.secs,
+                files_p as f64 / run.commits as f64,
+                files_u as f64 / plain.commits as f64,
+            );
         }
     }
 
@@ -253,7 +313,21 @@ async fn small_batch_run(
     Ok(())
 }
 
-/// Applies the input files to `flow`; prints the figures, returns events/s.
+/// What one main run measured.
+struct Run {
+    secs: f64,
+    commits: usize,
+    data_files: usize,
+    delete_files: usize,
+}
+
+impl Run {
+    fn files(&self) -> usize {
+        self.data_files + self.delete_files
+    }
+}
+
+/// Applies the input files to `flow`; prints the figures.
 async fn main_run(
     flow: &Flow,
     catalog: &Arc<dyn Catalog>,
@@ -261,7 +335,7 @@ async fn main_run(
     warehouse: &Path,
     events: usize,
     per: usize,
-) -> Result<f64> {
+) -> Result<Run> {
     let mut engine =
         Engine::open(flow.clone(), catalog.clone(), Arc::new(Faults::default())).await?;
     let mut latencies = Vec::new();
@@ -311,11 +385,23 @@ async fn main_run(
         dir_bytes(warehouse) as f64 / 1048576.0
     );
     println!(
-        "state: {} keys ({} live, {} tombstones), {:.1} bytes/key in memory",
-        s.keys, s.live, s.tombstones, s.bytes_per_key
+        "state: {} keys ({} live, {} tombstones), {} events held, {:.1} bytes/key, {:.1} bytes/event in memory",
+        s.keys,
+        s.live,
+        s.tombstones,
+        s.events,
+        s.bytes_per_key,
+        s.bytes as f64 / s.events.max(1) as f64
     );
-
-    Ok(events as f64 / secs)
+    if let Some(rss) = peak_rss_bytes() {
+        println!("peak RSS so far: {:.0} MiB", rss as f64 / 1048576.0);
+    }
+    Ok(Run {
+        secs,
+        commits: files.len(),
+        data_files,
+        delete_files,
+    })
 }
 
 fn tempfile_dir() -> Result<PathBuf> {
