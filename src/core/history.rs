@@ -17,7 +17,9 @@
 //!
 //! Architecture invariant: no I/O, no clock (commit time is a parameter).
 
-use std::collections::HashMap;
+// hashbrown's default hasher (foldhash): keys are hashed on every event, and
+// SipHash showed in SCD Type 2 profiles.
+use hashbrown::{HashMap, HashSet};
 
 use arrow_array::{Array, ArrayRef, RecordBatch, StructArray, UInt32Array};
 use arrow_row::{RowConverter, Rows, SortField};
@@ -42,6 +44,8 @@ pub struct HistCodec {
     convs: Vec<RowConverter>,
     /// The encoding of a null, per value column.
     nulls: Vec<Box<[u8]>>,
+    /// Every value column null.
+    null_vals: Vals,
     /// Positions in `cols` of the tracked columns (SCD Type 2); empty for SCD Type 1.
     tracked: Vec<usize>,
     scd2: bool,
@@ -61,7 +65,7 @@ impl HistCodec {
         let (tracked, ignored) = (&folding.tracked, &folding.ignored);
         let cols = flow.value_cols();
         let mut convs = Vec::new();
-        let mut nulls = Vec::new();
+        let mut nulls: Vec<Box<[u8]>> = Vec::new();
         for &c in &cols {
             let t = flow.source_arrow.field(c).data_type().clone();
             let conv = RowConverter::new(vec![SortField::new(t.clone())])?;
@@ -83,10 +87,12 @@ impl HistCodec {
             Vec::new()
         };
         let ignore_nulls = cols.iter().map(|c| ignored.contains(c)).collect();
+        let null_vals = Vals::new(nulls.iter().map(|n| &**n));
         Ok(HistCodec {
             cols,
             convs,
             nulls,
+            null_vals,
             tracked,
             scd2: flow.scd2,
             ignore_nulls,
@@ -123,8 +129,65 @@ impl HistCodec {
         Ok(out.remove(0))
     }
 
-    pub fn null(&self, col: usize) -> Box<[u8]> {
-        self.nulls[col].clone()
+    /// Every value column null.
+    pub fn null_vals(&self) -> Vals {
+        self.null_vals.clone()
+    }
+}
+
+/// The encoded value columns of one change (`HistCodec`) in one allocation:
+/// the count, each value's end offset (u32 little-endian), then the bytes.
+/// One allocation per event instead of one per value: a history flow holds
+/// every event of every key, and allocator work bounded its throughput.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Vals(Box<[u8]>);
+
+impl Vals {
+    pub fn new<'a>(vals: impl Iterator<Item = &'a [u8]> + Clone) -> Vals {
+        let (n, bytes) = vals
+            .clone()
+            .fold((0usize, 0usize), |(n, b), v| (n + 1, b + v.len()));
+        let mut out = Vec::with_capacity(4 + 4 * n + bytes);
+        out.extend_from_slice(&(n as u32).to_le_bytes());
+        let mut end = 0u32;
+        for v in vals.clone() {
+            end += v.len() as u32;
+            out.extend_from_slice(&end.to_le_bytes());
+        }
+        for v in vals {
+            out.extend_from_slice(v);
+        }
+        Vals(out.into_boxed_slice())
+    }
+
+    fn u32_at(&self, at: usize) -> usize {
+        u32::from_le_bytes(self.0[at..at + 4].try_into().expect("4 bytes")) as usize
+    }
+
+    pub fn len(&self) -> usize {
+        if self.0.is_empty() { 0 } else { self.u32_at(0) }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Value column `c`, encoded.
+    pub fn get(&self, c: usize) -> &[u8] {
+        let n = self.len();
+        let data = 4 + 4 * n;
+        let start = if c == 0 { 0 } else { self.u32_at(4 * c) };
+        let end = self.u32_at(4 + 4 * c);
+        &self.0[data + start..data + end]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> + Clone + '_ {
+        (0..self.len()).map(|c| self.get(c))
+    }
+
+    /// Heap bytes held.
+    pub fn heap_bytes(&self) -> usize {
+        self.0.len()
     }
 }
 
@@ -163,7 +226,7 @@ pub struct Event {
     /// Commit time of a delete; None for an upsert.
     pub deleted_at_ms: Option<i64>,
     /// The value columns, encoded (`HistCodec`).
-    pub vals: Vec<Box<[u8]>>,
+    pub vals: Vals,
     /// Where the target row this event anchors sits: the version it opens
     /// (SCD Type 2) or the current row it last updated (SCD Type 1).
     pub loc: Option<Loc>,
@@ -268,7 +331,7 @@ impl History {
     }
 
     pub fn dirty(&self) -> impl Iterator<Item = (&[u8], &[Event])> + '_ {
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = HashSet::new();
         self.dirty
             .iter()
             .filter(move |k| seen.insert(&***k))
@@ -312,11 +375,7 @@ impl History {
                     + 64
                     + events
                         .iter()
-                        .map(|e| {
-                            std::mem::size_of::<Event>()
-                                + e.seq.len()
-                                + e.vals.iter().map(|v| v.len() + 16).sum::<usize>()
-                        })
+                        .map(|e| std::mem::size_of::<Event>() + e.seq.len() + e.vals.heap_bytes())
                         .sum::<usize>()
             })
             .sum()
@@ -332,7 +391,7 @@ pub struct Version {
     pub end: Option<usize>,
     /// Event whose `loc` locates the row.
     pub anchor: usize,
-    pub vals: Vec<Box<[u8]>>,
+    pub vals: Vals,
 }
 
 /// The target rows of one key: events in sequence order → versions.
@@ -354,23 +413,20 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
             }
             continue;
         }
-        let vals: Vec<Box<[u8]>> = match &cur {
-            Some(v) if hc.ignore_nulls.contains(&true) => e
-                .vals
-                .iter()
-                .enumerate()
-                .map(|(c, b)| {
+        let vals: Vals = match &cur {
+            Some(v) if hc.ignore_nulls.contains(&true) => {
+                Vals::new(e.vals.iter().enumerate().map(|(c, b)| {
                     if hc.ignore_nulls[c] && hc.is_null(c, b) {
-                        v.vals[c].clone()
+                        v.vals.get(c)
                     } else {
-                        b.clone()
+                        b
                     }
-                })
-                .collect(),
+                }))
+            }
             _ => e.vals.clone(),
         };
         match &mut cur {
-            Some(v) if hc.tracked.iter().all(|&t| v.vals[t] == vals[t]) => {
+            Some(v) if hc.tracked.iter().all(|&t| v.vals.get(t) == vals.get(t)) => {
                 v.vals = vals;
                 if !hc.scd2 {
                     v.anchor = i;
@@ -400,7 +456,7 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
 /// Identity of a target row: its values and (SCD Type 2) its interval.
 fn row_hash(hc: &HistCodec, events: &[Event], v: &Version) -> u64 {
     let mut h = Xxh3::new();
-    for b in &v.vals {
+    for b in v.vals.iter() {
         h.update(&(b.len() as u32).to_le_bytes());
         h.update(b);
     }
@@ -439,11 +495,11 @@ fn prune(hc: &HistCodec, events: &mut [Event]) {
             later_upsert = false;
             continue;
         }
-        let nonnull: Vec<usize> = (0..ncols).filter(|&c| !hc.is_null(c, &e.vals[c])).collect();
+        let nonnull: Vec<usize> = (0..ncols)
+            .filter(|&c| !hc.is_null(c, e.vals.get(c)))
+            .collect();
         if later_upsert && !nonnull.is_empty() && nonnull.iter().all(|&c| covered[c]) {
-            for c in 0..ncols {
-                e.vals[c] = hc.null(c);
-            }
+            e.vals = hc.null_vals();
         }
         for c in nonnull {
             covered[c] = true;
@@ -462,7 +518,7 @@ fn prune(hc: &HistCodec, events: &mut [Event]) {
 #[derive(Debug, Clone)]
 pub struct OutRow {
     pub key: Box<[u8]>,
-    pub vals: Vec<Box<[u8]>>,
+    pub vals: Vals,
     pub start: Option<Box<[u8]>>,
     pub end: Option<Box<[u8]>>,
 }
@@ -542,7 +598,7 @@ pub fn resolve(
                 seq: seq.into(),
                 fp,
                 deleted_at_ms: deleted(i).then_some(now_ms),
-                vals: vals.iter().map(|r| r.row(i).data().into()).collect(),
+                vals: Vals::new(vals.iter().map(|r| r.row(i).data())),
                 loc: None,
             };
             if let Some(e) = events.get(at).filter(|e| &*e.seq == seq) {
@@ -743,7 +799,7 @@ fn rewrite_rows(
         // The key may have a row autocdc did not write.
         plan.remove_rows.push(OutRow {
             key: key.into(),
-            vals: (0..hc.cols.len()).map(|c| hc.null(c)).collect(),
+            vals: hc.null_vals(),
             start: None,
             end: None,
         });
@@ -764,7 +820,7 @@ fn check_required(flow: &Flow, hc: &HistCodec, keys: &Rows, inserts: &[OutRow]) 
         if !flow.required(c) {
             continue;
         }
-        if let Some(r) = inserts.iter().find(|r| hc.is_null(j, &r.vals[j])) {
+        if let Some(r) = inserts.iter().find(|r| hc.is_null(j, r.vals.get(j))) {
             let row = (0..keys.num_rows())
                 .find(|&i| keys.row(i).data() == &*r.key)
                 .unwrap_or(0);
@@ -847,7 +903,7 @@ pub fn rows_batch(
         {
             arrow_cast::cast(&key_cols[k], f.data_type())?
         } else if let Some(j) = hc.cols.iter().position(|&c| flow.column_name(c) == name) {
-            let a = hc.decode(j, rows.iter().map(|r| &*r.vals[j]))?;
+            let a = hc.decode(j, rows.iter().map(|r| r.vals.get(j)))?;
             arrow_cast::cast(&a, f.data_type())?
         } else {
             return Err(Error::State {
@@ -861,4 +917,30 @@ pub fn rows_batch(
         out.push(a);
     }
     Ok(RecordBatch::try_new(schema.clone(), out)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Vals;
+
+    #[test]
+    fn vals_give_back_each_value_whatever_its_length() {
+        let parts: [&[u8]; 4] = [b"", b"ab", &[0, 1, 2, 255], b""];
+        let v = Vals::new(parts.iter().copied());
+        assert_eq!(v.len(), 4);
+        for (c, p) in parts.iter().enumerate() {
+            assert_eq!(v.get(c), *p, "value {c}");
+        }
+        assert_eq!(v.iter().collect::<Vec<_>>(), parts.to_vec());
+        assert_eq!(v.heap_bytes(), 4 + 4 * 4 + 6);
+        // Equal values, equal bytes: folds compare and hash them whole.
+        assert_eq!(v, Vals::new(parts.iter().copied()));
+        assert_ne!(
+            v,
+            Vals::new([b"".as_slice(), b"a", b"b", b"\0\x01\x02\xff"].into_iter())
+        );
+        let none = Vals::new(std::iter::empty());
+        assert_eq!((none.len(), none.iter().count()), (0, 0));
+        assert!(Vals::default().is_empty());
+    }
 }

@@ -34,7 +34,7 @@ use std::collections::HashMap;
 
 use crate::core::evolve::{Evolution, Refusal, Rules, evolve, promotes};
 use crate::core::flow::Flow;
-use crate::core::history::{Event, HistCodec, History};
+use crate::core::history::{Event, HistCodec, History, Vals};
 use crate::core::resolve::Codec;
 use crate::core::state::{EntryRef, KeyIndex, Loc, Value, hash_key};
 
@@ -564,7 +564,7 @@ pub fn load_history(
                 seq: s.row(r).data().into(),
                 fp: fp.value(r) as u64,
                 deleted_at_ms: del.is_valid(r).then(|| del.value(r)),
-                vals: vals.iter().map(|v| v.row(r).data().into()).collect(),
+                vals: Vals::new(vals.iter().map(|v| v.row(r).data())),
                 loc,
             };
             let gen_ = g.value(r);
