@@ -256,15 +256,8 @@ fn refresh_history_rewrites_the_target_from_the_state() {
             let fresh_flow = people(shape, &format!("{target}_fresh"));
             let want = from_scratch(&cat, &fresh_flow, &first(), &second()).await;
             assert_eq!(got, want, "{shape:?}");
-            let props = &engine
-                .target()
-                .metadata
-                .current_snapshot()
-                .unwrap()
-                .summary()
-                .additional_properties;
             assert_eq!(
-                props.get("total-equality-deletes").map(String::as_str),
+                snapshot_property(&engine, "total-equality-deletes").as_deref(),
                 Some("0"),
                 "rows written by the rebuild are removed by position"
             );

@@ -194,15 +194,8 @@ fn history_table(shape: scd::Shape, target: &str) -> BTreeSet<Vec<String>> {
         let engine = open(&wh, &flow).await;
         assert_eq!(table_rows(&engine).await, expected, "{target}");
         // Only position deletes: PyIceberg reads the table.
-        let summary = &engine
-            .target()
-            .metadata
-            .current_snapshot()
-            .unwrap()
-            .summary()
-            .additional_properties;
         assert_eq!(
-            summary.get("total-equality-deletes").map(String::as_str),
+            snapshot_property(&engine, "total-equality-deletes").as_deref(),
             Some("0")
         );
         let columns: Vec<String> = engine

@@ -759,14 +759,8 @@ mod random_evolution {
     /// written, so PyIceberg reads it too.
     fn export_step(e: &Export<'_>, step: usize, engine: &Engine, want: &BTreeSet<Vec<String>>) {
         let target = engine.target();
-        let summary = &target
-            .metadata
-            .current_snapshot()
-            .unwrap()
-            .summary()
-            .additional_properties;
         assert_eq!(
-            summary.get("total-equality-deletes").map(String::as_str),
+            snapshot_property(engine, "total-equality-deletes").as_deref(),
             Some("0")
         );
         let steps = e.out.join(&e.name).join("steps");

@@ -267,19 +267,12 @@ fn closing_a_version_is_a_position_delete_and_an_insert() {
             .unwrap();
         assert_eq!(r.snapshot_id, None);
         assert_eq!(r.stats.duplicates, 1);
-        let props = &engine
-            .target()
-            .metadata
-            .current_snapshot()
-            .unwrap()
-            .summary()
-            .additional_properties;
         assert_eq!(
-            props.get("total-position-deletes").map(String::as_str),
+            snapshot_property(&engine, "total-position-deletes").as_deref(),
             Some("1")
         );
         assert_eq!(
-            props.get("total-equality-deletes").map(String::as_str),
+            snapshot_property(&engine, "total-equality-deletes").as_deref(),
             Some("0")
         );
     });

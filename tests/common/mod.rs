@@ -440,6 +440,12 @@ pub async fn table_rows(engine: &autocdc::table::engine::Engine) -> BTreeSet<Vec
     out
 }
 
+/// A property of the target's current snapshot summary (`total-equality-deletes`...).
+pub fn snapshot_property(engine: &autocdc::table::engine::Engine, key: &str) -> Option<String> {
+    let snapshot = engine.target().metadata.current_snapshot()?;
+    snapshot.summary().additional_properties.get(key).cloned()
+}
+
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
 }
