@@ -198,15 +198,7 @@ fn history_table(shape: scd::Shape, target: &str) -> BTreeSet<Vec<String>> {
             snapshot_property(&engine, "total-equality-deletes").as_deref(),
             Some("0")
         );
-        let columns: Vec<String> = engine
-            .target()
-            .metadata
-            .current_schema()
-            .as_struct()
-            .fields()
-            .iter()
-            .map(|f| f.name.clone())
-            .collect();
+        let columns = column_names(&engine);
         if let Some(o) = &out {
             let dir = o.join("expected");
             std::fs::create_dir_all(&dir).unwrap();

@@ -771,14 +771,7 @@ mod random_evolution {
         let metadata = steps.join(format!("{step}.metadata.json"));
         let from = target.metadata_location.trim_start_matches("file://");
         std::fs::copy(from, &metadata).unwrap();
-        let columns: Vec<String> = target
-            .metadata
-            .current_schema()
-            .as_struct()
-            .fields()
-            .iter()
-            .map(|f| f.name.clone())
-            .collect();
+        let columns = column_names(engine);
         let json = serde_json::json!({
             "name": name,
             "metadata": metadata,

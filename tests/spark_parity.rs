@@ -36,7 +36,7 @@ use autocdc::service::input::{Limits, decode_ndjson};
 use autocdc::table::catalog::Catalog;
 use autocdc::table::catalog::hadoop::HadoopCatalog;
 use autocdc::table::engine::Engine;
-use common::{open_engine, rows, rt, table_rows};
+use common::{column_names, open_engine, rows, rt, table_rows};
 
 type Rows = BTreeSet<Vec<String>>;
 
@@ -1391,16 +1391,7 @@ fn the_target_has_no_metadata_columns() {
                 1,
             )
             .await;
-            let names: Vec<String> = engine
-                .target()
-                .metadata
-                .current_schema()
-                .as_struct()
-                .fields()
-                .iter()
-                .map(|c| c.name.clone())
-                .collect();
-            assert_eq!(names, columns);
+            assert_eq!(column_names(&engine), columns);
             assert_eq!(table_rows(&engine).await, want);
         });
     }
@@ -3173,16 +3164,7 @@ columns = [
             1_000,
         )
         .await;
-        let names: Vec<String> = e
-            .target()
-            .metadata
-            .current_schema()
-            .as_struct()
-            .fields()
-            .iter()
-            .map(|c| c.name.clone())
-            .collect();
-        (table_rows(&e).await, names)
+        (table_rows(&e).await, column_names(&e))
     });
     assert_eq!(names, ["key", "version", "value"]);
     assert_eq!(got, rows(&[&["1", "1", "alice"]]));

@@ -446,6 +446,17 @@ pub fn snapshot_property(engine: &autocdc::table::engine::Engine, key: &str) -> 
     snapshot.summary().additional_properties.get(key).cloned()
 }
 
+/// The names of the target's current columns, in schema order.
+pub fn column_names(engine: &autocdc::table::engine::Engine) -> Vec<String> {
+    let schema = engine.target().metadata.current_schema().clone();
+    schema
+        .as_struct()
+        .fields()
+        .iter()
+        .map(|f| f.name.clone())
+        .collect()
+}
+
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::new_v4().simple())
 }
