@@ -166,6 +166,7 @@ pub mod codes {
     // A batch refused whole.
     pub const NULL_KEY: &str = "AUTOCDC_MICROBATCH_VALIDATION.NULL_KEY";
     pub const NULL_SEQUENCE: &str = "AUTOCDC_MICROBATCH_VALIDATION.NULL_SEQUENCE";
+    pub const SEQUENCE_EXPRESSION: &str = "AUTOCDC_MICROBATCH_VALIDATION.SEQUENCE_EXPRESSION";
     pub const SEQUENCE_TIE: &str = "AUTOCDC_MICROBATCH_VALIDATION.SEQUENCE_TIE";
     pub const SNAPSHOT_DUPLICATE_KEY: &str = "AUTOCDC_SNAPSHOT_DUPLICATE_KEY";
     pub const BAD_COLUMN: &str = "AUTOCDC_MICROBATCH_VALIDATION.COLUMN";
@@ -257,6 +258,7 @@ pub const REGISTRY: &[CodeInfo] = {
         info(TOO_MANY_COLUMNS, 400, "`schema_evolution = \"add_columns\"`: a body that would add over 64 columns, or grow the flow over 1000"),
         info(NULL_KEY, 422, "a null key"),
         info(NULL_SEQUENCE, 422, "a null sequence"),
+        info(SEQUENCE_EXPRESSION, 422, "a `sequence_by` expression that fails on a row: an overflow, a division by zero, a CAST that does not hold"),
         info(SEQUENCE_TIE, 422, "two changes of one key with the same sequence, under `on_sequence_tie = \"error\"`"),
         info(SNAPSHOT_DUPLICATE_KEY, 422, "a snapshot with a key twice"),
         info(SNAPSHOT_VERSION_REQUIRED, 400, "a snapshot push without `?version=`"),

@@ -15,6 +15,7 @@ use iceberg::spec::{
 use serde::{Deserialize, Serialize};
 
 use crate::core::predicate::Predicate;
+use crate::core::seq_expr::{self, Part, SeqExpr};
 use crate::error::{Error, Result, codes};
 
 /// Columns autocdc reserves for SCD Type 2 and its own bookkeeping.
@@ -25,6 +26,9 @@ pub const END_AT: &str = "__END_AT";
 /// The hidden sequence column of a `from_snapshot` flow: the snapshot version.
 pub const SNAPSHOT_VERSION: &str = "__autocdc_snapshot_version";
 const RESERVED_PREFIX: &str = "__autocdc";
+/// The hidden source column of a `sequence_by` expression is this and the
+/// expression's position among the sequence columns.
+pub const COMPUTED_PREFIX: &str = "__autocdc_sequence_";
 
 /// Reads a duration setting such as "30s", "36h" or "2d"; the error names
 /// the setting and shows how to write one. The one duration parser of the
@@ -362,6 +366,9 @@ pub struct Flow {
     pub source_arrow: SchemaRef,
     pub key_idx: Vec<usize>,
     pub seq_idx: Vec<usize>,
+    /// Hidden sequence columns, after the declared ones, that hold the
+    /// value of a `sequence_by` expression; filled when a batch is read.
+    pub computed: Vec<Computed>,
     pub deletes: Option<Predicate>,
     pub truncates: Option<Predicate>,
     /// SCD Type 2: the target keeps every version with `__START_AT` / `__END_AT`.
@@ -388,6 +395,15 @@ pub struct Flow {
     /// The most bytes of a change's string and binary key values (and, apart,
     /// of its sequence values); longer ones are refused at ingest.
     pub max_key_bytes: usize,
+}
+
+/// A hidden source column computed from a `sequence_by` expression.
+#[derive(Debug, Clone)]
+pub struct Computed {
+    /// Its source column index.
+    pub idx: usize,
+    pub expr: SeqExpr,
+    pub ty: PrimitiveType,
 }
 
 /// Parses an Iceberg primitive type name as written in a flow definition.
@@ -452,7 +468,7 @@ impl Flow {
         let scd2 = check_modes(&config)?;
         check_table_properties(&config)?;
         let mut fields = declared_columns(&config)?;
-        let (key_idx, seq_idx) = keys_and_sequence(&config, &mut fields)?;
+        let (key_idx, seq_idx, computed) = keys_and_sequence(&config, &mut fields)?;
         let target_cols = selected_columns(&config, &fields, &key_idx)?;
         let source_arrow = source_schema(&fields)?;
         let target_schema = target_schema(&fields, &target_cols, &key_idx, &seq_idx, scd2)?;
@@ -493,6 +509,7 @@ impl Flow {
             source_arrow,
             key_idx,
             seq_idx,
+            computed,
             deletes,
             truncates,
             scd2,
@@ -530,6 +547,55 @@ impl Flow {
         self.source_arrow.field(source_idx).name()
     }
 
+    /// A source column as errors name it: its name, or for a hidden
+    /// sequence column the expression it holds.
+    pub fn column_label(&self, source_idx: usize) -> &str {
+        match self.computed.iter().find(|c| c.idx == source_idx) {
+            Some(c) => c.expr.sql(),
+            None => self.column_name(source_idx),
+        }
+    }
+
+    /// The Iceberg type of source column `i`.
+    pub fn column_type(&self, i: usize) -> Option<PrimitiveType> {
+        if let Some(c) = self.computed.iter().find(|c| c.idx == i) {
+            return Some(c.ty.clone());
+        }
+        if self.from_snapshot && self.column_name(i) == SNAPSHOT_VERSION {
+            return Some(PrimitiveType::Long);
+        }
+        parse_type(&self.config.columns.get(i)?.ty)
+    }
+
+    /// Fills the hidden columns of `sequence_by` expressions in `cols` (the
+    /// source columns of `rows` rows, those placeholders). Rows in errors
+    /// count from `first_row`.
+    pub fn compute_sequences(
+        &self,
+        cols: &mut [arrow_array::ArrayRef],
+        rows: usize,
+        first_row: usize,
+    ) -> Result<()> {
+        for c in &self.computed {
+            let want = self.source_arrow.field(c.idx).data_type();
+            let value = c
+                .expr
+                .evaluate(cols, rows, want)
+                .map_err(|(row, why)| Error::Batch {
+                    code: codes::SEQUENCE_EXPRESSION,
+                    flow: self.name.clone(),
+                    row: first_row + row,
+                    column: c.expr.sql().to_string(),
+                    message: format!(
+                        "sequence_by `{}` cannot be computed for this row: {why}",
+                        c.expr.sql()
+                    ),
+                })?;
+            cols[c.idx] = value;
+        }
+        Ok(())
+    }
+
     /// Whether source column `i` must not be null.
     pub fn required(&self, i: usize) -> bool {
         self.config.columns.get(i).is_none_or(|c| c.required) || self.key_idx.contains(&i)
@@ -554,7 +620,11 @@ impl Flow {
     /// column, CSV header) names: exactly, or regardless of ASCII case
     /// unless `case_sensitive`.
     pub fn input_column(&self, name: &str) -> Option<usize> {
-        let fields = self.source_arrow.fields();
+        // Hidden sequence columns are computed, never read.
+        let fields = match self.computed.first() {
+            Some(c) => &self.source_arrow.fields()[..c.idx],
+            None => &self.source_arrow.fields()[..],
+        };
         fields.iter().position(|f| f.name() == name).or_else(|| {
             (!self.config.case_sensitive)
                 .then(|| {
@@ -734,7 +804,7 @@ fn find_column(config: &FlowConfig, name: &str, what: &str) -> Result<usize> {
 fn keys_and_sequence(
     config: &FlowConfig,
     fields: &mut Vec<Declared>,
-) -> Result<(Vec<usize>, Vec<usize>)> {
+) -> Result<(Vec<usize>, Vec<usize>, Vec<Computed>)> {
     let f = config.name.as_str();
     if config.keys.is_empty() {
         return Err(Error::definition(
@@ -790,10 +860,40 @@ fn keys_and_sequence(
             "`sequence_by` is empty; name the column(s) that order changes, e.g. sequence_by = \"seq\"",
         ));
     }
-    let seq_idx = seq_names
-        .iter()
-        .map(|s| find_column(config, s, "sequence_by"))
-        .collect::<Result<Vec<_>>>()?;
+    let declared = source_schema(fields)?;
+    let (mut seq_idx, mut computed) = (Vec::new(), Vec::new());
+    for s in &seq_names {
+        for part in sequence_parts(config, s)? {
+            let sql = match part {
+                Part::Column(name) => {
+                    seq_idx.push(find_column(config, &name, "sequence_by")?);
+                    continue;
+                }
+                Part::Expr(sql) => sql,
+            };
+            let expr =
+                SeqExpr::compile(&sql, &declared, &|t: &str| arrow_type(&cast_type(t)?).ok())
+                    .map_err(|e| Error::from_predicate(f, e))?;
+            let ty = match iceberg_type(expr.data_type()) {
+                Some(t) if orderable(&t) => t,
+                _ => {
+                    return Err(Error::definition(
+                        f,
+                        codes::NON_ORDERABLE_SEQUENCE,
+                        format!(
+                            "sequence_by `{sql}` yields {}, which has no order; make it a number, a date, a timestamp or a string",
+                            expr.data_type()
+                        ),
+                    ));
+                }
+            };
+            let idx = fields.len();
+            let name = format!("{COMPUTED_PREFIX}{}", seq_idx.len());
+            fields.push((idx, name, ty.clone(), true));
+            computed.push(Computed { idx, expr, ty });
+            seq_idx.push(idx);
+        }
+    }
     for &i in &seq_idx {
         if !orderable(&fields[i].2) {
             return Err(Error::definition(
@@ -818,7 +918,77 @@ fn keys_and_sequence(
             ));
         }
     }
-    Ok((key_idx, seq_idx))
+    Ok((key_idx, seq_idx, computed))
+}
+
+/// A `sequence_by` entry as columns and expressions: a name (plain,
+/// backtick-quoted or dotted, which `find_column` refuses) is one column;
+/// anything else is an expression, `struct(...)` one part per field.
+fn sequence_parts(config: &FlowConfig, s: &str) -> Result<Vec<Part>> {
+    let dotted_name = |s: &str| {
+        s.split('.').all(|p| {
+            p.chars().next().is_some_and(|c| !c.is_ascii_digit())
+                && p.chars().all(|c| c.is_alphanumeric() || c == '_')
+        })
+    };
+    let declared = config
+        .columns
+        .iter()
+        .any(|c| c.name.eq_ignore_ascii_case(s));
+    if s.is_empty() || s.starts_with('`') || declared || dotted_name(s) {
+        return Ok(vec![Part::Column(s.to_string())]);
+    }
+    seq_expr::parts(s).map_err(|e| Error::from_predicate(&config.name, e))
+}
+
+/// The column type a `CAST(x AS name)` names: a column type, or one of the
+/// SQL spellings of one (`bigint`, `varchar`, `double precision`, ...).
+fn cast_type(name: &str) -> Option<PrimitiveType> {
+    let t = name.trim().to_ascii_lowercase();
+    let t = match t.as_str() {
+        "varchar" | "text" | "char" | "character varying" => "string",
+        "timestamp with time zone" | "timestamp_ltz" => "timestamptz",
+        "timestamp without time zone" | "timestamp_ntz" => "timestamp",
+        "double precision" | "float8" | "float64" => "double",
+        "real" | "float4" | "float32" => "float",
+        "smallint" | "tinyint" | "int4" | "int32" => "int",
+        "int8" | "int64" => "long",
+        t => t,
+    };
+    parse_type(t)
+}
+
+/// The Arrow type autocdc reads and writes an Iceberg primitive type as.
+pub fn arrow_type(ty: &PrimitiveType) -> Result<arrow_schema::DataType> {
+    let nf = NestedField::optional(1, "c", Type::Primitive(ty.clone()));
+    let schema = Schema::builder().with_fields(vec![Arc::new(nf)]).build()?;
+    Ok(schema_to_arrow_schema(&schema)?
+        .field(0)
+        .data_type()
+        .clone())
+}
+
+/// The Iceberg type of a computed Arrow type, if it has one.
+fn iceberg_type(t: &arrow_schema::DataType) -> Option<PrimitiveType> {
+    use arrow_schema::{DataType as D, TimeUnit};
+    Some(match t {
+        D::Boolean => PrimitiveType::Boolean,
+        D::Int8 | D::Int16 | D::Int32 => PrimitiveType::Int,
+        D::Int64 => PrimitiveType::Long,
+        D::Float16 | D::Float32 => PrimitiveType::Float,
+        D::Float64 => PrimitiveType::Double,
+        D::Decimal128(p, s) if *s >= 0 && *p <= 38 => PrimitiveType::Decimal {
+            precision: u32::from(*p),
+            scale: *s as u32,
+        },
+        D::Date32 => PrimitiveType::Date,
+        D::Time64(TimeUnit::Microsecond) => PrimitiveType::Time,
+        D::Timestamp(TimeUnit::Microsecond, None) => PrimitiveType::Timestamp,
+        D::Timestamp(TimeUnit::Microsecond, Some(_)) => PrimitiveType::Timestamptz,
+        D::Utf8 | D::LargeUtf8 | D::Utf8View => PrimitiveType::String,
+        D::Binary | D::LargeBinary | D::BinaryView => PrimitiveType::Binary,
+        _ => return None,
+    })
 }
 
 /// The source columns the target keeps (`column_list` /

@@ -12,5 +12,6 @@ pub mod history;
 pub mod offsets;
 pub mod predicate;
 pub mod resolve;
+pub mod seq_expr;
 pub mod state;
 pub mod truncate;

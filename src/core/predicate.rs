@@ -25,6 +25,10 @@ const SUPPORTED: &str = "only columns, literals, comparisons (= <> != < <= > >=)
     NOT, IS [NOT] NULL, IS [NOT] TRUE/FALSE, [NOT] IN (literals), [NOT] BETWEEN and [NOT] LIKE are \
     allowed; rewrite it with those, e.g. `op = 'DELETE'`";
 
+const SUPPORTED_VALUES: &str = "a sequence_by expression may use columns, literals, \
+    + - * / %, unary minus, coalesce (ifnull, nvl), CAST / TRY_CAST to a column type and, as the \
+    whole expression, struct(...); e.g. `coalesce(lsn, 0)` or `ts * 1000 + n`";
+
 /// Errors from parsing, validating or evaluating a predicate. `Display` omits the code (callers
 /// add it from [`PredicateError::code`]).
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +56,9 @@ pub enum PredicateError {
     /// `AUTOCDC_INVALID_EXPRESSION.UNSUPPORTED`: function calls, subqueries, arithmetic, ...
     #[error("expression `{sql}` uses {construct}, which is not supported: {SUPPORTED}")]
     Unsupported { sql: String, construct: String },
+    /// `AUTOCDC_INVALID_EXPRESSION.UNSUPPORTED`, in a `sequence_by` expression.
+    #[error("expression `{sql}` uses {construct}, which is not supported: {SUPPORTED_VALUES}")]
+    UnsupportedValue { sql: String, construct: String },
     /// `AUTOCDC_INVALID_EXPRESSION.TYPE`: incomparable operands or a non-boolean expression.
     #[error("expression `{sql}` is not well-typed: {message}")]
     Type { sql: String, message: String },
@@ -96,7 +103,7 @@ impl PredicateError {
             Self::Parse { .. } => codes::PARSE,
             Self::Multipart { .. } => codes::MULTIPART,
             Self::UnknownColumn { .. } => codes::UNKNOWN_COLUMN,
-            Self::Unsupported { .. } => codes::UNSUPPORTED,
+            Self::Unsupported { .. } | Self::UnsupportedValue { .. } => codes::UNSUPPORTED,
             Self::Type { .. } => codes::TYPE,
             Self::Eval { .. } => codes::EVAL,
             Self::TooLarge { .. } => codes::TOO_LARGE,
@@ -144,7 +151,7 @@ enum Val {
     Lit(Lit),
 }
 
-enum Lit {
+pub(super) enum Lit {
     Str(String),
     Num(String),
     Bool(bool),
@@ -161,38 +168,7 @@ impl Predicate {
     /// Parses `sql` and checks every referenced column exists in `schema` and that the expression
     /// is boolean-typed.
     pub fn parse(sql: &str, schema: &Schema) -> Result<Predicate, PredicateError> {
-        let dialect = GenericDialect {};
-        let parse_err = |message: String| PredicateError::Parse {
-            sql: sql.to_string(),
-            message,
-        };
-        if sql.len() > MAX_SQL_BYTES {
-            return Err(PredicateError::TooLarge {
-                bytes: sql.len(),
-                operators: 0,
-            });
-        }
-        let tokens = sqlparser::tokenizer::Tokenizer::new(&dialect, sql)
-            .tokenize()
-            .map_err(|e| parse_err(e.to_string()))?;
-        let operators = tokens.iter().filter(|t| is_operator(t)).count();
-        if operators > MAX_SQL_OPERATORS {
-            return Err(PredicateError::TooLarge {
-                bytes: sql.len(),
-                operators,
-            });
-        }
-        let mut parser = Parser::new(&dialect)
-            .try_with_sql(sql)
-            .map_err(|e| parse_err(e.to_string()))?;
-        let expr = parser.parse_expr().map_err(|e| parse_err(e.to_string()))?;
-        let rest = parser.peek_token().token;
-        if rest != Token::EOF {
-            drop_expr(expr);
-            return Err(parse_err(format!(
-                "unexpected `{rest}` after the expression"
-            )));
-        }
+        let expr = parse_expr(sql)?;
         let mut c = Compiler {
             sql,
             schema,
@@ -238,10 +214,48 @@ impl Predicate {
     }
 }
 
+/// Parses `sql` as one SQL expression, after checking its size and its
+/// number of operators (shared with `seq_expr`).
+pub(super) fn parse_expr(sql: &str) -> Result<Expr, PredicateError> {
+    let dialect = GenericDialect {};
+    let parse_err = |message: String| PredicateError::Parse {
+        sql: sql.to_string(),
+        message,
+    };
+    if sql.len() > MAX_SQL_BYTES {
+        return Err(PredicateError::TooLarge {
+            bytes: sql.len(),
+            operators: 0,
+        });
+    }
+    let tokens = sqlparser::tokenizer::Tokenizer::new(&dialect, sql)
+        .tokenize()
+        .map_err(|e| parse_err(e.to_string()))?;
+    let operators = tokens.iter().filter(|t| is_operator(t)).count();
+    if operators > MAX_SQL_OPERATORS {
+        return Err(PredicateError::TooLarge {
+            bytes: sql.len(),
+            operators,
+        });
+    }
+    let mut parser = Parser::new(&dialect)
+        .try_with_sql(sql)
+        .map_err(|e| parse_err(e.to_string()))?;
+    let expr = parser.parse_expr().map_err(|e| parse_err(e.to_string()))?;
+    let rest = parser.peek_token().token;
+    if rest != Token::EOF {
+        drop_expr(expr);
+        return Err(parse_err(format!(
+            "unexpected `{rest}` after the expression"
+        )));
+    }
+    Ok(expr)
+}
+
 /// Drops a parsed expression without recursing down its AND / OR chains
 /// (a chain of thousands of terms is a tree that deep; the default drop
 /// would recurse once per term).
-fn drop_expr(e: Expr) {
+pub(super) fn drop_expr(e: Expr) {
     let mut stack = vec![e];
     while let Some(e) = stack.pop() {
         if let Expr::BinaryOp { left, right, .. } = e {
@@ -572,7 +586,7 @@ fn literal_type(ct: &DataType, lit: &Lit) -> Option<DataType> {
 }
 
 /// A one-element array holding `lit` as type `ty` (strict: no silent NULLs on bad input).
-fn lit_array(lit: &Lit, ty: &DataType) -> Result<ArrayRef, ArrowError> {
+pub(super) fn lit_array(lit: &Lit, ty: &DataType) -> Result<ArrayRef, ArrowError> {
     let text = match lit {
         Lit::Null => return Ok(new_null_array(ty, 1)),
         Lit::Bool(b) => return cast(&BooleanArray::from(vec![*b]), ty),
@@ -600,13 +614,13 @@ fn lit_array(lit: &Lit, ty: &DataType) -> Result<ArrayRef, ArrowError> {
 }
 
 #[derive(Clone, Copy)]
-enum NumKind {
+pub(super) enum NumKind {
     /// Exact: (integer digits, scale).
     Fixed(u8, u8),
     Float,
 }
 
-fn num_kind(t: &DataType) -> Option<NumKind> {
+pub(super) fn num_kind(t: &DataType) -> Option<NumKind> {
     use DataType::*;
     Some(match t {
         Int8 | UInt8 => NumKind::Fixed(3, 0),
@@ -622,7 +636,7 @@ fn num_kind(t: &DataType) -> Option<NumKind> {
     })
 }
 
-fn num_kind_of_literal(n: &str) -> Option<NumKind> {
+pub(super) fn num_kind_of_literal(n: &str) -> Option<NumKind> {
     let digits = n.trim_start_matches(['-', '+']);
     if digits.contains(['e', 'E']) {
         return Some(NumKind::Float);
@@ -639,7 +653,7 @@ fn num_kind_of_literal(n: &str) -> Option<NumKind> {
 }
 
 /// Smallest exact decimal holding both kinds, else Float64.
-fn combine(a: NumKind, b: NumKind) -> DataType {
+pub(super) fn combine(a: NumKind, b: NumKind) -> DataType {
     match (a, b) {
         (NumKind::Fixed(ai, a_s), NumKind::Fixed(bi, b_s))
             if u16::from(ai.max(bi)) + u16::from(a_s.max(b_s)) <= 38 =>
@@ -650,7 +664,7 @@ fn combine(a: NumKind, b: NumKind) -> DataType {
     }
 }
 
-fn is_string(t: &DataType) -> bool {
+pub(super) fn is_string(t: &DataType) -> bool {
     matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
 }
 
@@ -664,7 +678,7 @@ fn common_type(a: &DataType, b: &DataType) -> Option<DataType> {
     }
 }
 
-fn describe(e: &Expr) -> String {
+pub(super) fn describe(e: &Expr) -> String {
     use BinaryOperator as B;
     let kind = match e {
         Expr::Function(_) => "the function call",

@@ -167,7 +167,7 @@ pub fn validate(flow: &Flow, batch: &RecordBatch) -> Result<()> {
                     code,
                     flow: flow.name.clone(),
                     row,
-                    column: flow.column_name(i).to_string(),
+                    column: flow.column_label(i).to_string(),
                     message: format!(
                         "{what} column is null; every change needs a non-null {what} (filter or fix such rows at the source)"
                     ),

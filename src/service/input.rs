@@ -175,17 +175,22 @@ fn conform_at(flow: &Flow, batch: &RecordBatch, first_row: usize) -> Result<Reco
             }
         })
         .collect::<Result<Vec<_>>>()?;
+    let mut cols = cols;
+    flow.compute_sequences(&mut cols, batch.num_rows(), first_row)?;
     Ok(RecordBatch::try_new(schema, cols)?)
 }
 
-/// The schema JSON bodies are decoded in: numbers, dates and timestamps
+/// The schema JSON bodies are decoded in (the source columns that are read): numbers, dates and timestamps
 /// arrive as their text (the number's own digits, never through `f64`),
 /// which `convert` then reads exactly.
 fn json_schema(flow: &Flow) -> SchemaRef {
+    // Hidden sequence columns are computed, never read.
+    let read = flow.computed.first().map_or(usize::MAX, |c| c.idx);
     std::sync::Arc::new(arrow_schema::Schema::new(
         flow.source_arrow
             .fields()
             .iter()
+            .take(read)
             .map(|f| {
                 if crate::core::convert::is_textual_target(f.data_type()) {
                     arrow_schema::Field::new(f.name(), arrow_schema::DataType::Utf8, true)
@@ -941,6 +946,8 @@ mod tests {
     use super::*;
     use arrow_array::cast::AsArray;
     use arrow_array::types::Int64Type;
+    use arrow_array::{ArrayRef, Int64Array};
+    use std::sync::Arc;
 
     fn flow() -> Flow {
         flow_of(r#"{ name = "city", type = "string" },"#)
@@ -987,6 +994,52 @@ mod tests {
             assert_eq!(b.column(2).as_primitive::<Int64Type>().values(), &[3, 4]);
             assert_eq!(b.column(1).as_string::<i32>().value(0), "Leeds");
         }
+    }
+
+    /// A `sequence_by` expression's hidden column is computed from the
+    /// other columns on every read, also of the log's own records (which
+    /// hold it), and a pushed field cannot set it.
+    #[test]
+    fn a_sequence_expression_is_computed_on_every_read() {
+        let toml = r#"
+            name = "c"
+            target = "a.c"
+            keys = ["id"]
+            sequence_by = "coalesce(lsn, ts * 10)"
+            columns = [
+              { name = "id", type = "long" },
+              { name = "ts", type = "long" },
+              { name = "lsn", type = "long" },
+            ]
+        "#;
+        let f = Flow::new(toml::from_str(toml).unwrap()).unwrap();
+        let body = b"{\"id\": 1, \"ts\": 2}\n{\"id\": 2, \"ts\": 2, \"lsn\": 7}\n";
+        let b = decode_ndjson(&f, body, Limits::NONE).unwrap();
+        let seq = |b: &RecordBatch| b.column(3).as_primitive::<Int64Type>().values().to_vec();
+        assert_eq!(seq(&b), [20, 7]);
+        let logged = decode_log_payload(&f, &encode_arrow_ipc(&b).unwrap()).unwrap();
+        assert_eq!(logged, b);
+        // The hidden column is no input field: strict bodies refuse it.
+        let sent = RecordBatch::try_from_iter([
+            ("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
+            ("ts", Arc::new(Int64Array::from(vec![1]))),
+            ("__autocdc_sequence_0", Arc::new(Int64Array::from(vec![99]))),
+        ])
+        .unwrap();
+        let ipc = encode_arrow_ipc(&sent).unwrap();
+        let e = decode(&f, BodyFormat::ArrowStream, &ipc, Limits::NONE, true).unwrap_err();
+        assert_eq!(e.code(), codes::BAD_COLUMN, "{e}");
+        let lenient = decode(&f, BodyFormat::ArrowStream, &ipc, Limits::NONE, false).unwrap();
+        assert_eq!(seq(&lenient), [10]);
+        let e = decode(
+            &f,
+            BodyFormat::Ndjson,
+            b"{\"id\": 1, \"ts\": 1, \"__autocdc_sequence_0\": 5}",
+            Limits::NONE,
+            true,
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), codes::BAD_COLUMN, "{e}");
     }
 
     /// A record the log kept from before the definition changed decodes

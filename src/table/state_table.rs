@@ -64,21 +64,13 @@ pub fn schema(flow: &Flow) -> Result<Schema> {
         id
     };
     let src = |i: usize| -> Result<Type> {
-        let name = flow.column_name(i);
-        if flow.from_snapshot && name == crate::core::flow::SNAPSHOT_VERSION {
-            return Ok(Type::Primitive(PrimitiveType::Long));
-        }
-        let c = flow
-            .config
-            .columns
-            .iter()
-            .find(|c| c.name == name)
-            .ok_or_else(|| {
-                Error::Config(format!("column {name} missing from flow {}", flow.name))
-            })?;
-        let t = crate::core::flow::parse_type(&c.ty)
-            .ok_or_else(|| Error::Config(format!("bad type for {name}")))?;
-        Ok(Type::Primitive(t))
+        flow.column_type(i).map(Type::Primitive).ok_or_else(|| {
+            Error::Config(format!(
+                "column {} has no type in flow {}",
+                flow.column_name(i),
+                flow.name
+            ))
+        })
     };
     let mut ids = Vec::new();
     for &k in &flow.key_idx {
