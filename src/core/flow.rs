@@ -175,7 +175,9 @@ pub struct FlowConfig {
     pub target: String,
     pub columns: Vec<ColumnDef>,
     pub keys: Vec<String>,
-    /// Empty for `from_snapshot` flows (the snapshot version orders them).
+    /// Columns or SQL expressions over them (`coalesce(lsn, 0)`,
+    /// `struct(ts, lsn)`), compared in order. Empty for `from_snapshot`
+    /// flows (the snapshot version orders them).
     #[serde(default)]
     pub sequence_by: OneOrMany,
     #[serde(default)]

@@ -71,9 +71,13 @@ pub enum PredicateError {
     /// `AUTOCDC_INVALID_EXPRESSION.TOO_LARGE`: longer or more deeply built than the limits.
     #[error(
         "the expression is {bytes} bytes with {operators} operators; at most {MAX_SQL_BYTES} \
-         bytes and {MAX_SQL_OPERATORS} operators are accepted (use IN (...) for long lists)"
+         bytes and {max_operators} operators are accepted (use IN (...) for long lists)"
     )]
-    TooLarge { bytes: usize, operators: usize },
+    TooLarge {
+        bytes: usize,
+        operators: usize,
+        max_operators: usize,
+    },
 }
 
 /// The longest expression text accepted, checked before tokenizing.
@@ -168,7 +172,7 @@ impl Predicate {
     /// Parses `sql` and checks every referenced column exists in `schema` and that the expression
     /// is boolean-typed.
     pub fn parse(sql: &str, schema: &Schema) -> Result<Predicate, PredicateError> {
-        let expr = parse_expr(sql)?;
+        let expr = parse_expr(sql, MAX_SQL_OPERATORS)?;
         let mut c = Compiler {
             sql,
             schema,
@@ -216,7 +220,7 @@ impl Predicate {
 
 /// Parses `sql` as one SQL expression, after checking its size and its
 /// number of operators (shared with `seq_expr`).
-pub(super) fn parse_expr(sql: &str) -> Result<Expr, PredicateError> {
+pub(super) fn parse_expr(sql: &str, max_operators: usize) -> Result<Expr, PredicateError> {
     let dialect = GenericDialect {};
     let parse_err = |message: String| PredicateError::Parse {
         sql: sql.to_string(),
@@ -226,16 +230,18 @@ pub(super) fn parse_expr(sql: &str) -> Result<Expr, PredicateError> {
         return Err(PredicateError::TooLarge {
             bytes: sql.len(),
             operators: 0,
+            max_operators,
         });
     }
     let tokens = sqlparser::tokenizer::Tokenizer::new(&dialect, sql)
         .tokenize()
         .map_err(|e| parse_err(e.to_string()))?;
     let operators = tokens.iter().filter(|t| is_operator(t)).count();
-    if operators > MAX_SQL_OPERATORS {
+    if operators > max_operators {
         return Err(PredicateError::TooLarge {
             bytes: sql.len(),
             operators,
+            max_operators,
         });
     }
     let mut parser = Parser::new(&dialect)
@@ -957,5 +963,20 @@ mod tests {
             .unwrap()
             .evaluate(&batch());
         assert_eq!(e.unwrap_err().code(), "AUTOCDC_INVALID_EXPRESSION.EVAL");
+    }
+
+    /// Chains the compiler refuses are built thousands deep: refusing them
+    /// (and showing them) must not overflow the stack.
+    #[test]
+    fn deep_chains_are_refused_without_overflowing_the_stack() {
+        let schema = Schema::new(vec![Field::new("kind", DataType::Int64, true)]);
+        for sql in [
+            format!("kind = {}", vec!["kind"; 9_000].join(" + ")),
+            vec!["kind"; 9_000].join(" = "),
+            format!("CASE WHEN {} THEN 1 END", vec!["kind"; 9_000].join(" - ")),
+        ] {
+            let e = Predicate::parse(&sql, &schema).unwrap_err();
+            assert_eq!(e.code(), codes::UNSUPPORTED, "{}", &sql[..40]);
+        }
     }
 }

@@ -27,6 +27,10 @@ use super::predicate::{
     num_kind_of_literal, parse_expr,
 };
 
+/// The most operators in one `sequence_by` expression: it is compiled and
+/// evaluated by recursion, so this bounds the depth too.
+pub const MAX_OPERATORS: usize = 256;
+
 /// One part of a `sequence_by`: a plain column, or an expression. A
 /// `struct(a, b, ...)` is its fields, compared in order (as a list would be).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +42,7 @@ pub enum Part {
 
 /// Splits a `sequence_by` entry that is not a column name into its parts.
 pub fn parts(sql: &str) -> Result<Vec<Part>, PredicateError> {
-    let expr = parse_expr(sql)?;
+    let expr = parse_expr(sql, MAX_OPERATORS)?;
     let fields = match &expr {
         Expr::Struct { values, fields } if fields.is_empty() => Some(values.iter().collect()),
         Expr::Function(f) if f.name.to_string().eq_ignore_ascii_case("struct") => {
@@ -236,7 +240,7 @@ impl SeqExpr {
         schema: &Schema,
         type_of: &dyn Fn(&str) -> Option<DataType>,
     ) -> Result<SeqExpr, PredicateError> {
-        let expr = parse_expr(sql)?;
+        let expr = parse_expr(sql, MAX_OPERATORS)?;
         let c = Compiler {
             sql,
             schema,
@@ -785,6 +789,9 @@ mod tests {
         assert_eq!(code("nope + 1"), codes::UNKNOWN_COLUMN);
         assert_eq!(code("t.ts + 1"), codes::MULTIPART);
         assert_eq!(code("ts +"), codes::PARSE);
+        let long = vec!["ts"; MAX_OPERATORS + 2].join(" + ");
+        assert_eq!(code(&long), codes::TOO_LARGE);
+        assert!(compile(&vec!["ts"; MAX_OPERATORS / 2].join(" + ")).is_ok());
     }
 
     #[test]
