@@ -2,7 +2,8 @@
 # Writes the SCD Type 1 battery and two history tables (SCD Type 2 with
 # __START_AT/__END_AT, and SCD Type 1 with ignore_null_updates) through the
 # end-to-end tests, the tables of 16 fixed cases of the random schema and
-# partition evolution property test after each of their steps, and a ~100k-event ghost-kitchen feed (through `autocdc
+# partition evolution property test after each of their steps, two tables of nested
+# (struct, list, map) columns, and a ~100k-event ghost-kitchen feed (through `autocdc
 # apply`), and the README's schema-change example (a table evolved by its
 # definition), into Hadoop-catalog warehouses, then reads every table with
 # DuckDB's iceberg extension and with PyIceberg and compares with the
@@ -17,7 +18,7 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 AUTOCDC_E2E_OUT="$out" cargo nextest run --no-fail-fast --test e2e --test evolution \
-  -E 'test(battery_through_the_hadoop_catalog) | test(people_through_the_hadoop_catalog) | test(fixed_cases_for_the_readers)'
+  -E 'test(battery_through_the_hadoop_catalog) | test(people_through_the_hadoop_catalog) | test(nested_columns_through_the_hadoop_catalog) | test(fixed_cases_for_the_readers)'
 
 cargo build --quiet --bin autocdc
 bin="$CARGO_TARGET_DIR/debug/autocdc"

@@ -12,6 +12,8 @@ use std::sync::Arc;
 
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 
+use crate::core::nested::{number, same_shape};
+
 /// One change of a column, as logged and reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -101,7 +103,7 @@ pub struct Rules {
 pub fn promotes(from: &Type, to: &Type) -> bool {
     use PrimitiveType as P;
     match (from, to) {
-        (a, b) if a == b => true,
+        (a, b) if same_shape(a, b) => true,
         (Type::Primitive(a), Type::Primitive(b)) => match (a, b) {
             (P::Int, P::Long) | (P::Float, P::Double) => true,
             (
@@ -121,6 +123,68 @@ pub fn promotes(from: &Type, to: &Type) -> bool {
 }
 
 const PROMOTIONS: &str = "Iceberg promotes only int to long, float to double and decimal(p, s) to decimal(p', s) with p' > p";
+
+/// A field optional in the table cannot become required; the other way is
+/// a change (`Relaxed`).
+fn nullability(
+    name: &str,
+    have_required: bool,
+    want_required: bool,
+    changes: &mut Vec<Change>,
+) -> Result<(), Refusal> {
+    if want_required && !have_required {
+        return Err(Refusal {
+            column: name.to_string(),
+            rule: "it is optional in the table and cannot become required: rows written before may hold nulls".into(),
+        });
+    }
+    if have_required && !want_required {
+        changes.push(Change::Relaxed {
+            name: name.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The type a column of type `have` in the table moves to for `want` (the
+/// definition's, ids ignored): `have` itself (its field ids kept) when the
+/// shapes agree, or a widened primitive. `name` is the column's path for
+/// changes and refusals.
+fn merge(name: &str, have: &Type, want: &Type, changes: &mut Vec<Change>) -> Result<Type, Refusal> {
+    let refuse = |rule: String| Refusal {
+        column: name.to_string(),
+        rule,
+    };
+    match (have, want) {
+        _ if same_shape(have, want) => Ok(have.clone()),
+        (Type::Primitive(_), Type::Primitive(_)) => {
+            if !promotes(have, want) {
+                let what = if promotes(want, have) {
+                    "narrowing it would lose values"
+                } else {
+                    "that is not a type promotion"
+                };
+                return Err(refuse(format!(
+                    "it is {have} in the table and {want} in the definition: {what} ({PROMOTIONS})"
+                )));
+            }
+            changes.push(Change::Widened {
+                name: name.to_string(),
+                from: have.to_string(),
+                to: want.to_string(),
+            });
+            Ok(want.clone())
+        }
+        // iceberg-rust 0.10's scan (the state table is read with it) cannot
+        // read a file written before a struct changed.
+        _ if !have.is_primitive() && !want.is_primitive() => Err(refuse(format!(
+            "it is {have} in the table and {want} in the definition: a nested column's type cannot change yet; add a new column, or rebuild with `autocdc refresh --full`"
+        ))),
+        _ => Err(refuse(format!(
+            "it is {have} in the table and {want} in the definition: that is not a type promotion ({PROMOTIONS})"
+        ))),
+    }
+}
 
 /// The schema `have` (a table's current one) moves to so that it holds the
 /// columns of `want` (the definition's, in its order; its field ids are
@@ -193,42 +257,24 @@ pub fn evolve(
                         format!("the table's column `{}` is claimed twice", h.name),
                     ));
                 }
-                if *h.field_type != *f.field_type {
-                    if !promotes(&h.field_type, &f.field_type) {
-                        let what = if promotes(&f.field_type, &h.field_type) {
-                            "narrowing it would lose values"
-                        } else {
-                            "that is not a type promotion"
-                        };
-                        return Err(refuse(
-                            &f.name,
-                            format!(
-                                "it is {} in the table and {} in the definition: {what} ({PROMOTIONS})",
-                                h.field_type, f.field_type
-                            ),
-                        ));
-                    }
-                    changes.push(Change::Widened {
-                        name: f.name.clone(),
-                        from: h.field_type.to_string(),
-                        to: f.field_type.to_string(),
-                    });
-                }
-                if f.required && !h.required {
-                    return Err(refuse(
-                        &f.name,
-                        "it is optional in the table and cannot become required: rows written before may hold nulls".into(),
-                    ));
-                }
-                if h.required && !f.required {
-                    changes.push(Change::Relaxed {
-                        name: f.name.clone(),
-                    });
-                }
+                nf.field_type =
+                    Box::new(merge(&f.name, &h.field_type, &f.field_type, &mut changes)?);
+                nullability(&f.name, h.required, f.required, &mut changes)?;
                 nf.id = h.id;
                 nf.doc = h.doc.clone();
             }
             None => {
+                // iceberg-rust 0.10's scan (the state table is read with
+                // it) cannot give a nested column missing from older files.
+                if !f.field_type.is_primitive() {
+                    return Err(refuse(
+                        &f.name,
+                        format!(
+                            "it is a new {} column: nested columns can only be declared with the table yet; rebuild with `autocdc refresh --full`",
+                            f.field_type
+                        ),
+                    ));
+                }
                 if f.required {
                     return Err(refuse(
                         &f.name,
@@ -238,6 +284,7 @@ pub fn evolve(
                 }
                 next += 1;
                 nf.id = next;
+                nf.field_type = Box::new(number(&f.field_type, &mut next));
                 changes.push(Change::Added {
                     name: f.name.clone(),
                     ty: f.field_type.to_string(),

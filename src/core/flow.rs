@@ -437,14 +437,8 @@ pub fn parse_type(s: &str) -> Option<PrimitiveType> {
     })
 }
 
-fn orderable(t: &PrimitiveType) -> bool {
-    !matches!(
-        t,
-        PrimitiveType::Boolean
-            | PrimitiveType::Binary
-            | PrimitiveType::Uuid
-            | PrimitiveType::Fixed(_)
-    )
+fn orderable(t: &Type) -> bool {
+    crate::core::nested::orderable(t)
 }
 
 /// Splits `a.b.table` into a namespace and a table name.
@@ -558,15 +552,16 @@ impl Flow {
         }
     }
 
-    /// The Iceberg type of source column `i`.
-    pub fn column_type(&self, i: usize) -> Option<PrimitiveType> {
+    /// The Iceberg type of source column `i` (field ids inside nested types
+    /// are 0: the schema holding it numbers them).
+    pub fn column_type(&self, i: usize) -> Option<Type> {
         if let Some(c) = self.computed.iter().find(|c| c.idx == i) {
-            return Some(c.ty.clone());
+            return Some(Type::Primitive(c.ty.clone()));
         }
         if self.from_snapshot && self.column_name(i) == SNAPSHOT_VERSION {
-            return Some(PrimitiveType::Long);
+            return Some(Type::Primitive(PrimitiveType::Long));
         }
-        parse_type(&self.config.columns.get(i)?.ty)
+        crate::core::nested::parse(&self.config.columns.get(i)?.ty).ok()
     }
 
     /// Fills the hidden columns of `sequence_by` expressions in `cols` (the
@@ -705,7 +700,7 @@ fn check_modes(config: &FlowConfig) -> Result<bool> {
 }
 
 /// A declared column: its source index, name, type and `required`.
-type Declared = (usize, String, PrimitiveType, bool);
+type Declared = (usize, String, Type, bool);
 
 /// The declared columns: plain names, no duplicates, no reserved names,
 /// known types.
@@ -739,15 +734,19 @@ fn declared_columns(config: &FlowConfig) -> Result<Vec<Declared>> {
                 format!("column `{}` is declared twice", c.name),
             ));
         }
-        let Some(ty) = parse_type(&c.ty) else {
-            return Err(Error::definition(
-                f,
-                codes::INVALID_DEFINITION,
-                format!(
-                    "column `{}` has unknown type `{}`; use one of boolean, int, long, float, double, decimal(p,s), date, time, timestamp, timestamptz, string, uuid, binary",
-                    c.name, c.ty
-                ),
-            ));
+        let ty = match crate::core::nested::parse(&c.ty) {
+            Ok(ty) => ty,
+            Err(why) => {
+                let shown: String = c.ty.chars().take(80).collect();
+                return Err(Error::definition(
+                    f,
+                    codes::INVALID_DEFINITION,
+                    format!(
+                        "column `{}` has type `{shown}`, which autocdc cannot read ({why}); use one of boolean, int, long, float, double, decimal(p,s), date, time, timestamp, timestamptz, string, uuid, binary, or struct<name: type, ...>, list<type>, map<key type, value type> of them",
+                        c.name
+                    ),
+                ));
+            }
         };
         fields.push((i, c.name.clone(), ty, c.required));
     }
@@ -850,7 +849,7 @@ fn keys_and_sequence(
         fields.push((
             fields.len(),
             SNAPSHOT_VERSION.to_string(),
-            PrimitiveType::Long,
+            Type::Primitive(PrimitiveType::Long),
             true,
         ));
         seq_names.push(SNAPSHOT_VERSION.to_string());
@@ -877,7 +876,7 @@ fn keys_and_sequence(
                 SeqExpr::compile(&sql, &declared, &|t: &str| arrow_type(&cast_type(t)?).ok())
                     .map_err(|e| Error::from_predicate(f, e))?;
             let ty = match iceberg_type(expr.data_type()) {
-                Some(t) if orderable(&t) => t,
+                Some(t) if orderable(&Type::Primitive(t.clone())) => t,
                 _ => {
                     return Err(Error::definition(
                         f,
@@ -891,7 +890,7 @@ fn keys_and_sequence(
             };
             let idx = fields.len();
             let name = format!("{COMPUTED_PREFIX}{}", seq_idx.len());
-            fields.push((idx, name, ty.clone(), true));
+            fields.push((idx, name, Type::Primitive(ty.clone()), true));
             computed.push(Computed { idx, expr, ty });
             seq_idx.push(idx);
         }
@@ -902,14 +901,27 @@ fn keys_and_sequence(
                 f,
                 codes::NON_ORDERABLE_SEQUENCE,
                 format!(
-                    "sequence_by column `{}` has type {} which has no order; use a numeric, temporal or string column",
+                    "sequence_by column `{}` has type {} which has no order; use a numeric, temporal or string column (or a struct of them)",
                     fields[i].1, fields[i].2
                 ),
             ));
         }
     }
     for &i in &key_idx {
-        if matches!(fields[i].2, PrimitiveType::Float | PrimitiveType::Double) {
+        if !fields[i].2.is_primitive() {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_DEFINITION,
+                format!(
+                    "key column `{}` is {}; keys are primitive columns (Iceberg identifier fields)",
+                    fields[i].1, fields[i].2
+                ),
+            ));
+        }
+        if matches!(
+            fields[i].2,
+            Type::Primitive(PrimitiveType::Float | PrimitiveType::Double)
+        ) {
             return Err(Error::definition(
                 f,
                 codes::INVALID_DEFINITION,
@@ -1052,8 +1064,10 @@ fn source_schema(fields: &[Declared]) -> Result<SchemaRef> {
     let all_nullable: Vec<Field> = fields
         .iter()
         .map(|(i, name, ty, _)| {
-            let nf = NestedField::optional(*i as i32 + 1, name, Type::Primitive(ty.clone()));
-            let schema = Schema::builder().with_fields(vec![Arc::new(nf)]).build()?;
+            let id = *i as i32 + 1;
+            let nf = NestedField::optional(id, name, ty.clone());
+            let fields = crate::core::nested::number_all(vec![Arc::new(nf)]);
+            let schema = Schema::builder().with_fields(fields).build()?;
             let arrow = schema_to_arrow_schema(&schema)?;
             Ok(arrow.field(0).clone())
         })
@@ -1077,9 +1091,9 @@ fn target_schema(
         let id = pos as i32 + 1;
         let is_key = key_idx.contains(&i);
         let nf = if *required || is_key {
-            NestedField::required(id, name, Type::Primitive(ty.clone()))
+            NestedField::required(id, name, ty.clone())
         } else {
-            NestedField::optional(id, name, Type::Primitive(ty.clone()))
+            NestedField::optional(id, name, ty.clone())
         };
         target_fields.push(Arc::new(nf));
     }
@@ -1102,7 +1116,7 @@ fn target_schema(
         let mut next = base + 2;
         let mut seq_type = || -> Type {
             if seq_idx.len() == 1 {
-                return Type::Primitive(fields[seq_idx[0]].2.clone());
+                return fields[seq_idx[0]].2.clone();
             }
             let subs = seq_idx
                 .iter()
@@ -1111,7 +1125,7 @@ fn target_schema(
                     Arc::new(NestedField::optional(
                         next,
                         &fields[i].1,
-                        Type::Primitive(fields[i].2.clone()),
+                        fields[i].2.clone(),
                     ))
                 })
                 .collect::<Vec<_>>();
@@ -1123,7 +1137,7 @@ fn target_schema(
     }
     Ok(Schema::builder()
         .with_schema_id(0)
-        .with_fields(target_fields)
+        .with_fields(crate::core::nested::number_all(target_fields))
         .with_identifier_field_ids(identifier)
         .build()?)
 }

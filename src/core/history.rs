@@ -28,6 +28,7 @@ use arrow_select::take::take;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::core::flow::{END_AT, Flow, START_AT, TiePolicy};
+use crate::core::nested;
 use crate::core::resolve::{
     BatchStats, Codec, SameSequence, mask, required_null, same_sequence, validate,
 };
@@ -42,6 +43,8 @@ pub struct HistCodec {
     /// Source indices of the value columns, in target order.
     pub cols: Vec<usize>,
     convs: Vec<RowConverter>,
+    /// The source type of each value column (`decode` gives it back).
+    types: Vec<DataType>,
     /// The encoding of a null, per value column.
     nulls: Vec<Box<[u8]>>,
     /// Every value column null.
@@ -66,8 +69,13 @@ impl HistCodec {
         let cols = flow.value_cols();
         let mut convs = Vec::new();
         let mut nulls: Vec<Box<[u8]>> = Vec::new();
+        let types = cols
+            .iter()
+            .map(|&c| flow.source_arrow.field(c).data_type().clone())
+            .collect();
         for &c in &cols {
-            let t = flow.source_arrow.field(c).data_type().clone();
+            // arrow-row has no maps: a map is encoded as its entries.
+            let t = nested::row_type(flow.source_arrow.field(c).data_type());
             let conv = RowConverter::new(vec![SortField::new(t.clone())])?;
             let null = arrow_array::new_null_array(&t, 1);
             let rows = conv.convert_columns(&[null])?;
@@ -91,6 +99,7 @@ impl HistCodec {
         Ok(HistCodec {
             cols,
             convs,
+            types,
             nulls,
             null_vals,
             tracked,
@@ -109,7 +118,7 @@ impl HistCodec {
         self.cols
             .iter()
             .zip(&self.convs)
-            .map(|(&c, conv)| Ok(conv.convert_columns(&[batch.column(c).clone()])?))
+            .map(|(&c, conv)| Ok(conv.convert_columns(&[nested::row_view(batch.column(c))?])?))
             .collect()
     }
 
@@ -118,7 +127,7 @@ impl HistCodec {
         arrays
             .iter()
             .zip(&self.convs)
-            .map(|(a, conv)| Ok(conv.convert_columns(std::slice::from_ref(a))?))
+            .map(|(a, conv)| Ok(conv.convert_columns(&[nested::row_view(a)?])?))
             .collect()
     }
 
@@ -126,7 +135,7 @@ impl HistCodec {
     pub fn decode<'a>(&self, col: usize, vals: impl Iterator<Item = &'a [u8]>) -> Result<ArrayRef> {
         let parser = self.convs[col].parser();
         let mut out = self.convs[col].convert_rows(vals.map(|v| parser.parse(v)))?;
-        Ok(out.remove(0))
+        Ok(nested::from_row_view(out.remove(0), &self.types[col])?)
     }
 
     /// Every value column null.
@@ -884,8 +893,10 @@ pub fn rows_batch(
             } else {
                 seq_cols(&|r: &OutRow| r.end.as_deref())?
             };
+            // Several sequence columns make a struct of them; one (a
+            // struct column too) is the type itself.
             match f.data_type() {
-                DataType::Struct(fields) => {
+                DataType::Struct(fields) if cols.len() > 1 => {
                     let nulls = cols[0].logical_nulls();
                     let children = cols
                         .iter()

@@ -9,6 +9,7 @@ pub mod evolve;
 pub mod flow;
 pub mod from_snapshot;
 pub mod history;
+pub mod nested;
 pub mod offsets;
 pub mod predicate;
 pub mod resolve;

@@ -36,7 +36,11 @@ pub struct Codec {
 
 impl Codec {
     pub fn new(flow: &Flow) -> Result<Codec> {
-        let field = |i: &usize| SortField::new(flow.source_arrow.field(*i).data_type().clone());
+        let field = |i: &usize| {
+            SortField::new(crate::core::nested::row_type(
+                flow.source_arrow.field(*i).data_type(),
+            ))
+        };
         let fp_cols: Vec<usize> = (0..flow.source_arrow.fields().len())
             .filter(|i| !(flow.from_snapshot && flow.seq_idx.contains(i)))
             .collect();
@@ -53,8 +57,8 @@ impl Codec {
         let cols: Vec<ArrayRef> = self
             .fp_cols
             .iter()
-            .map(|&i| batch.column(i).clone())
-            .collect();
+            .map(|&i| crate::core::nested::row_view(batch.column(i)))
+            .collect::<std::result::Result<_, _>>()?;
         let rows = self.all.convert_columns(&cols)?;
         Ok(rows.iter().map(|r| xxh3_64(r.as_ref())).collect())
     }

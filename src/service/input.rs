@@ -164,7 +164,7 @@ fn conform_at(flow: &Flow, batch: &RecordBatch, first_row: usize) -> Result<Reco
             match j.map(|j| batch.column(j)) {
                 None => Ok(new_null_array(f.data_type(), batch.num_rows())),
                 Some(c) => {
-                    crate::core::convert::column(c, f.data_type()).map_err(|r| Error::Batch {
+                    crate::core::nested::convert(c, f.data_type()).map_err(|r| Error::Batch {
                         code: codes::BAD_COLUMN,
                         flow: flow.name.clone(),
                         row: first_row + r.row,
@@ -192,11 +192,9 @@ fn json_schema(flow: &Flow) -> SchemaRef {
             .iter()
             .take(read)
             .map(|f| {
-                if crate::core::convert::is_textual_target(f.data_type()) {
-                    arrow_schema::Field::new(f.name(), arrow_schema::DataType::Utf8, true)
-                } else {
-                    f.as_ref().clone()
-                }
+                f.as_ref()
+                    .clone()
+                    .with_data_type(crate::core::nested::textual(f.data_type()))
             })
             .collect::<Vec<_>>(),
     ))
@@ -617,17 +615,14 @@ fn read_ipc(flow: &Flow, body: &[u8], limits: Limits, strict: bool) -> Result<Re
             ));
         }
         let dt = f.data_type();
-        let flat = |t: &arrow_schema::DataType| {
-            !t.is_nested() && !matches!(t, arrow_schema::DataType::RunEndEncoded(..))
-        };
-        if !flat(dt) {
+        if !plain(dt, true) {
             return Err(body_err(
                 flow,
                 codes::BAD_COLUMN,
                 None,
                 Some(f.name().clone()),
                 format!(
-                    "column `{}` is {dt}; send a plain (not nested or run-end encoded) array",
+                    "column `{}` is {dt}; send a plain array (run-end encoded arrays, and dictionary or view arrays inside a struct, list or map, are not read)",
                     f.name()
                 ),
             ));
@@ -668,6 +663,22 @@ fn read_ipc(flow: &Flow, body: &[u8], limits: Limits, strict: bool) -> Result<Re
         out.push(conform_at(flow, &b, first)?);
     }
     concat(flow, out)
+}
+
+/// Whether a column of type `t` is read: no run-end encoding, and below
+/// the top level (`top` false) no dictionaries or views either (the
+/// expanded-size check looks at top-level arrays only).
+fn plain(t: &arrow_schema::DataType, top: bool) -> bool {
+    use arrow_schema::DataType as T;
+    match t {
+        T::RunEndEncoded(..) | T::Union(..) | T::ListView(_) | T::LargeListView(_) => false,
+        T::Dictionary(..) | T::Utf8View | T::BinaryView => top,
+        T::Struct(fs) => fs.iter().all(|f| plain(f.data_type(), false)),
+        T::List(f) | T::LargeList(f) | T::FixedSizeList(f, _) | T::Map(f, _) => {
+            plain(f.data_type(), false)
+        }
+        _ => true,
+    }
 }
 
 /// Bytes of values a dictionary or view array expands to once converted
@@ -1039,6 +1050,51 @@ mod tests {
             true,
         )
         .unwrap_err();
+        assert_eq!(e.code(), codes::BAD_COLUMN, "{e}");
+    }
+
+    /// Nested columns arrive as Arrow struct and list arrays too, read
+    /// leaf by leaf (an int32 field into a long); a dictionary inside a
+    /// struct is refused (its expanded size is not checked there).
+    #[test]
+    fn nested_arrow_columns_are_read_leaf_by_leaf() {
+        use arrow_array::{Array, Int32Array, StringArray, StructArray};
+        use arrow_schema::{DataType, Field};
+        let f = flow_of(r#"{ name = "addr", type = "struct<city: string, zip: long>" },"#);
+        let addr = StructArray::from(vec![
+            (
+                Arc::new(Field::new("city", DataType::Utf8, true)),
+                Arc::new(StringArray::from(vec!["Leeds"])) as ArrayRef,
+            ),
+            (
+                Arc::new(Field::new("zip", DataType::Int32, true)),
+                Arc::new(Int32Array::from(vec![7])) as ArrayRef,
+            ),
+        ]);
+        let sent = RecordBatch::try_from_iter([
+            ("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
+            ("addr", Arc::new(addr) as ArrayRef),
+            ("seq", Arc::new(Int64Array::from(vec![1]))),
+        ])
+        .unwrap();
+        let ipc = encode_arrow_ipc(&sent).unwrap();
+        let b = decode(&f, BodyFormat::ArrowStream, &ipc, Limits::NONE, true).unwrap();
+        let got = b.column(1).as_struct();
+        assert_eq!(got.column(1).as_primitive::<Int64Type>().values(), &[7]);
+        let dict: arrow_array::DictionaryArray<arrow_array::types::Int32Type> =
+            vec!["Leeds"].into_iter().collect();
+        let addr = StructArray::from(vec![(
+            Arc::new(Field::new("city", dict.data_type().clone(), true)),
+            Arc::new(dict) as ArrayRef,
+        )]);
+        let sent = RecordBatch::try_from_iter([
+            ("id", Arc::new(Int64Array::from(vec![1])) as ArrayRef),
+            ("addr", Arc::new(addr) as ArrayRef),
+            ("seq", Arc::new(Int64Array::from(vec![1]))),
+        ])
+        .unwrap();
+        let ipc = encode_arrow_ipc(&sent).unwrap();
+        let e = decode(&f, BodyFormat::ArrowStream, &ipc, Limits::NONE, true).unwrap_err();
         assert_eq!(e.code(), codes::BAD_COLUMN, "{e}");
     }
 

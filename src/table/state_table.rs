@@ -64,7 +64,7 @@ pub fn schema(flow: &Flow) -> Result<Schema> {
         id
     };
     let src = |i: usize| -> Result<Type> {
-        flow.column_type(i).map(Type::Primitive).ok_or_else(|| {
+        flow.column_type(i).ok_or_else(|| {
             Error::Config(format!(
                 "column {} has no type in flow {}",
                 flow.column_name(i),
@@ -124,7 +124,7 @@ pub fn schema(flow: &Flow) -> Result<Schema> {
     }
     Ok(Schema::builder()
         .with_schema_id(0)
-        .with_fields(fields)
+        .with_fields(crate::core::nested::number_all(fields))
         .with_identifier_field_ids(ids)
         .build()?)
 }
