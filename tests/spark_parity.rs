@@ -3034,7 +3034,7 @@ columns = [
 // to SCD2's default tracked set opens no version (Spark refuses it as
 // TRACK_HISTORY_DRIFT), and a column left out of the definition (or of
 // column_list) is dropped from the current schema (Spark keeps it, null in
-// new rows). Nested-field scenarios wait for nested types.
+// new rows). The nested-field scenarios are at the end of this file.
 // ---------------------------------------------------------------------------
 
 /// Pipeline updates on one fresh warehouse, each run on its own definition
@@ -3749,43 +3749,213 @@ fn nested_values_are_read_strictly() {
     }
 }
 
-/// A nested column's type cannot change between runs yet, and a nested
-/// column cannot be added to an existing table (iceberg-rust 0.10, which
-/// reads the state table, cannot read files written before): the changed
-/// definition is refused, naming the column, and the first one still opens.
-/// Dropping a nested column works as for a flat one.
+/// Nested columns evolve between runs (Spark's schema-evolution suites
+/// with nested structs): a struct gains a field (null in rows written
+/// before) and loses one, a nested column is added (null in older rows) or
+/// dropped, for SCD Type 1 and for SCD Type 2, whose state keeps the nested
+/// values (read back after the change). A map's key type cannot change.
 #[test]
-fn a_nested_column_is_declared_with_the_table() {
-    let v1 = nested_flow(1, "");
-    let seed = [r#"{"id": 1, "address": {"city": "Leeds", "zip": 1}, "tags": ["a"], "seq": 1}"#];
-    let changed = v1.replace(
-        "struct<city: string, zip: int>",
-        "struct<city: string, country: string>",
-    );
-    let added = v1.replace(
-        r#"{ name = "tags", type = "list<string>" },"#,
-        r#"{ name = "tags", type = "list<string>" },
+fn nested_columns_evolve_between_runs() {
+    for scd in [1u8, 2] {
+        let v1 = nested_flow(scd, "");
+        let v2 = v1
+            .replace(
+                "struct<city: string, zip: int>",
+                "struct<city: string, country: string, zip: long>",
+            )
+            .replace(
+                r#"{ name = "tags", type = "list<string>" },"#,
+                r#"{ name = "tags", type = "list<string>" },
   { name = "notes", type = "list<struct<at: date, text: string>>" },"#,
-    );
-    for v2 in [changed, added] {
-        refused_on_change(
+            );
+        // SCD Type 2: every row is a current version, [1, NULL).
+        let tail: &[&str] = if scd == 1 { &[] } else { &["1", "NULL"] };
+        let with_tail =
+            |cells: &[&'static str]| -> Vec<&str> { cells.iter().chain(tail).copied().collect() };
+        let w1 = [with_tail(&[
+            "1",
+            "{city: Leeds, zip: 1}",
+            "NULL",
+            "NULL",
+            "1",
+        ])];
+        let w2 = [
+            with_tail(&[
+                "1",
+                "{city: Leeds, country: NULL, zip: 1}",
+                "NULL",
+                "NULL",
+                "NULL",
+                "1",
+            ]),
+            with_tail(&[
+                "2",
+                "{city: Lyon, country: FR, zip: 69}",
+                "NULL",
+                "[{at: 2026-12-01, text: hi}]",
+                "NULL",
+                "1",
+            ]),
+        ];
+        let w1: Vec<&[&str]> = w1.iter().map(Vec::as_slice).collect();
+        let w2: Vec<&[&str]> = w2.iter().map(Vec::as_slice).collect();
+        reconfigured(
             &v1,
-            &seed,
+            &[r#"{"id": 1, "address": {"city": "Leeds", "zip": 1}, "seq": 1}"#],
+            &w1,
             &v2,
-            r#"{"id": 2, "seq": 1}"#,
-            codes::SCHEMA_DRIFT,
+            &[
+                r#"{"id": 2, "address": {"city": "Lyon", "country": "FR", "zip": 69}, "notes": [{"at": "2026-12-01", "text": "hi"}], "seq": 1}"#,
+            ],
+            &w2,
         );
     }
-    let dropped = v1.replace(r#"{ name = "tags", type = "list<string>" },"#, "");
-    reconfigured(
+    let v1 = nested_flow(1, "");
+    refused_on_change(
         &v1,
-        &[r#"{"id": 1, "address": {"city": "Leeds", "zip": 1}, "seq": 1}"#],
-        &[&["1", "{city: Leeds, zip: 1}", "NULL", "NULL", "1"]],
-        &dropped,
-        &[r#"{"id": 2, "address": {"city": "Lyon"}, "seq": 1}"#],
+        &[r#"{"id": 1, "scores": {"x": 1}, "seq": 1}"#],
+        &v1.replace("map<string, long>", "map<int, long>"),
+        r#"{"id": 2, "seq": 1}"#,
+        codes::SCHEMA_DRIFT,
+    );
+}
+
+// Spark's nested schema-evolution scenarios (AutoCdcScd1SchemaEvolutionSuite,
+// AutoCdcScd2SchemaEvolutionSuite, AutoCdcScd2ColumnEvolutionSuite). A
+// field added to a struct is a definition change, as for a top-level
+// column. A field the source stops sending stays declared and is null in
+// new rows: Spark does that for SCD Type 2 and fails SCD Type 1 with
+// INCOMPATIBLE_DATA_FOR_TABLE.CANNOT_FIND_DATA; autocdc does it for both.
+
+/// `(key_col, version, column of type ty)` sequenced by `version`.
+fn nested_evolution_flow(key: &str, scd: u8, column: &str, ty: &str) -> String {
+    format!(
+        "keys = [\"{key}\"]\nsequence_by = \"version\"\nstored_as_scd_type = {scd}\ncolumns = [\n  {{ name = \"{key}\", type = \"int\" }},\n  {{ name = \"version\", type = \"long\" }},\n  {{ name = \"{column}\", type = \"{ty}\" }},\n]"
+    )
+}
+
+/// Spark: AutoCdcScd1SchemaEvolutionSuite, "a new field added inside an array<struct> element
+/// between runs is added to the target".
+#[test]
+fn scd1_a_field_added_inside_an_array_of_structs_between_runs() {
+    reconfigured(
+        &nested_evolution_flow("key", 1, "vals", "array<struct<a: int, b: struct<c: int>>>"),
+        &[r#"{"key": 1, "version": 1, "vals": [{"a": 1, "b": {"c": 1}}]}"#],
+        &[&["1", "1", "[{a: 1, b: {c: 1}}]"]],
+        &nested_evolution_flow(
+            "key",
+            1,
+            "vals",
+            "array<struct<a: int, b: struct<c: int, d: int>>>",
+        ),
+        &[r#"
+        {"key": 1, "version": 2, "vals": [{"a": 1, "b": {"c": 1, "d": 2}}]}
+        {"key": 3, "version": 1, "vals": [{"a": 3, "b": {"c": 3, "d": 3}}]}
+        "#],
         &[
-            &["1", "{city: Leeds, zip: 1}", "NULL", "1"],
-            &["2", "{city: Lyon, zip: NULL}", "NULL", "1"],
+            &["1", "2", "[{a: 1, b: {c: 1, d: 2}}]"],
+            &["3", "1", "[{a: 3, b: {c: 3, d: 3}}]"],
+        ],
+    );
+}
+
+/// Spark: AutoCdcScd2SchemaEvolutionSuite, "a new field added inside an array<struct> element
+/// between runs is added to the target": the closed version-1 record reads null for `d`.
+#[test]
+fn scd2_a_field_added_inside_an_array_of_structs_between_runs() {
+    reconfigured(
+        &nested_evolution_flow("key", 2, "vals", "array<struct<a: int, b: struct<c: int>>>"),
+        &[r#"{"key": 1, "version": 1, "vals": [{"a": 1, "b": {"c": 1}}]}"#],
+        &[&["1", "1", "[{a: 1, b: {c: 1}}]", "1", "NULL"]],
+        &nested_evolution_flow(
+            "key",
+            2,
+            "vals",
+            "array<struct<a: int, b: struct<c: int, d: int>>>",
+        ),
+        &[r#"
+        {"key": 1, "version": 2, "vals": [{"a": 1, "b": {"c": 1, "d": 2}}]}
+        {"key": 3, "version": 1, "vals": [{"a": 3, "b": {"c": 3, "d": 3}}]}
+        "#],
+        &[
+            &["1", "1", "[{a: 1, b: {c: 1, d: NULL}}]", "1", "2"],
+            &["1", "2", "[{a: 1, b: {c: 1, d: 2}}]", "2", "NULL"],
+            &["3", "1", "[{a: 3, b: {c: 3, d: 3}}]", "1", "NULL"],
+        ],
+    );
+}
+
+/// Spark: AutoCdcScd2ColumnEvolutionSuite, "a nested struct field dropped between runs is
+/// preserved on existing records and null on new ones" and "a field dropped inside an
+/// array<struct> element between runs is preserved on existing records and null on new ones".
+#[test]
+fn scd2_a_nested_field_the_source_stops_sending_is_kept_on_old_records() {
+    let ty = "struct<a: int, b: struct<c: int, d: int>>";
+    scenario(
+        &nested_evolution_flow("id", 2, "value", ty),
+        &[
+            r#"{"id": 1, "version": 1, "value": {"a": 1, "b": {"c": 10, "d": 100}}}"#,
+            r#"{"id": 1, "version": 2, "value": {"a": 2, "b": {"d": 200}}}"#,
+        ],
+        &[
+            &["1", "1", "{a: 1, b: {c: 10, d: 100}}", "1", "2"],
+            &["1", "2", "{a: 2, b: {c: NULL, d: 200}}", "2", "NULL"],
+        ],
+    );
+    scenario(
+        &nested_evolution_flow("id", 2, "vals", &format!("array<{ty}>")),
+        &[
+            r#"{"id": 1, "version": 1, "vals": [{"a": 1, "b": {"c": 10, "d": 100}}]}"#,
+            r#"{"id": 1, "version": 2, "vals": [{"a": 2, "b": {"c": 200}}]}"#,
+        ],
+        &[
+            &["1", "1", "[{a: 1, b: {c: 10, d: 100}}]", "1", "2"],
+            &["1", "2", "[{a: 2, b: {c: 200, d: NULL}}]", "2", "NULL"],
+        ],
+    );
+}
+
+/// Spark: AutoCdcScd1SchemaEvolutionSuite, "dropping a nested struct field between runs fails
+/// with INCOMPATIBLE_DATA_FOR_TABLE" and "dropping a field inside an array<struct> element
+/// between runs fails with INCOMPATIBLE_DATA_FOR_TABLE". autocdc keeps the declared field,
+/// null in the rows that lack it, as Spark's SCD Type 2 does.
+#[test]
+fn scd1_a_nested_field_the_source_stops_sending_is_null_in_new_rows() {
+    let ty = "struct<a: int, b: struct<c: int, d: int>>";
+    scenario(
+        &nested_evolution_flow("key", 1, "value", ty),
+        &[
+            r#"
+            {"key": 1, "version": 1, "value": {"a": 1, "b": {"c": 1, "d": 1}}}
+            {"key": 2, "version": 1, "value": {"a": 2, "b": {"c": 2, "d": 2}}}
+            "#,
+            r#"
+            {"key": 1, "version": 2, "value": {"a": 10, "b": {"d": 10}}}
+            {"key": 3, "version": 1, "value": {"a": 3, "b": {"d": 3}}}
+            "#,
+        ],
+        &[
+            &["1", "2", "{a: 10, b: {c: NULL, d: 10}}"],
+            &["2", "1", "{a: 2, b: {c: 2, d: 2}}"],
+            &["3", "1", "{a: 3, b: {c: NULL, d: 3}}"],
+        ],
+    );
+    scenario(
+        &nested_evolution_flow("key", 1, "vals", &format!("array<{ty}>")),
+        &[
+            r#"
+            {"key": 1, "version": 1, "vals": [{"a": 1, "b": {"c": 1, "d": 1}}]}
+            {"key": 2, "version": 1, "vals": [{"a": 2, "b": {"c": 2, "d": 2}}]}
+            "#,
+            r#"
+            {"key": 1, "version": 2, "vals": [{"a": 10, "b": {"c": 10}}]}
+            {"key": 3, "version": 1, "vals": [{"a": 3, "b": {"c": 3}}]}
+            "#,
+        ],
+        &[
+            &["1", "2", "[{a: 10, b: {c: 10, d: NULL}}]"],
+            &["2", "1", "[{a: 2, b: {c: 2, d: 2}}]"],
+            &["3", "1", "[{a: 3, b: {c: 3, d: NULL}}]"],
         ],
     );
 }

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
-use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+use iceberg::spec::{ListType, MapType, NestedField, PrimitiveType, Schema, StructType, Type};
 
 use crate::core::nested::{number, same_shape};
 
@@ -147,10 +147,18 @@ fn nullability(
 }
 
 /// The type a column of type `have` in the table moves to for `want` (the
-/// definition's, ids ignored): `have` itself (its field ids kept) when the
-/// shapes agree, or a widened primitive. `name` is the column's path for
-/// changes and refusals.
-fn merge(name: &str, have: &Type, want: &Type, changes: &mut Vec<Change>) -> Result<Type, Refusal> {
+/// definition's, ids ignored): `have`'s field ids kept, a widened
+/// primitive, and inside a struct fields added (numbered above `next`),
+/// dropped, widened or relaxed, at any depth (list elements and map values
+/// too; a map's key type is fixed). `name` is the column's path
+/// (`address.zip`) for changes and refusals.
+fn merge(
+    name: &str,
+    have: &Type,
+    want: &Type,
+    next: &mut i32,
+    changes: &mut Vec<Change>,
+) -> Result<Type, Refusal> {
     let refuse = |rule: String| Refusal {
         column: name.to_string(),
         rule,
@@ -175,11 +183,75 @@ fn merge(name: &str, have: &Type, want: &Type, changes: &mut Vec<Change>) -> Res
             });
             Ok(want.clone())
         }
-        // iceberg-rust 0.10's scan (the state table is read with it) cannot
-        // read a file written before a struct changed.
-        _ if !have.is_primitive() && !want.is_primitive() => Err(refuse(format!(
-            "it is {have} in the table and {want} in the definition: a nested column's type cannot change yet; add a new column, or rebuild with `autocdc refresh --full`"
-        ))),
+        (Type::Struct(h), Type::Struct(w)) => {
+            let mut fields = Vec::new();
+            let mut used = HashSet::new();
+            for wf in w.fields() {
+                let path = format!("{name}.{}", wf.name);
+                let mut nf = (**wf).clone();
+                match h.fields().iter().find(|hf| hf.name == wf.name) {
+                    Some(hf) => {
+                        used.insert(hf.id);
+                        nf.field_type =
+                            Box::new(merge(&path, &hf.field_type, &wf.field_type, next, changes)?);
+                        nullability(&path, hf.required, wf.required, changes)?;
+                        nf.id = hf.id;
+                        nf.doc = hf.doc.clone();
+                    }
+                    None => {
+                        if wf.required {
+                            return Err(refuse(format!(
+                                "new field `{}` must be optional: rows written before it have no value",
+                                wf.name
+                            )));
+                        }
+                        *next += 1;
+                        nf.id = *next;
+                        nf.field_type = Box::new(number(&wf.field_type, next));
+                        changes.push(Change::Added {
+                            name: path,
+                            ty: wf.field_type.to_string(),
+                        });
+                    }
+                }
+                fields.push(Arc::new(nf));
+            }
+            for hf in h.fields().iter().filter(|hf| !used.contains(&hf.id)) {
+                changes.push(Change::Dropped {
+                    name: format!("{name}.{}", hf.name),
+                });
+            }
+            Ok(Type::Struct(StructType::new(fields)))
+        }
+        (Type::List(h), Type::List(w)) => {
+            let (he, we) = (&h.element_field, &w.element_field);
+            let mut e = (**he).clone();
+            let path = format!("{name}.element");
+            e.field_type = Box::new(merge(&path, &he.field_type, &we.field_type, next, changes)?);
+            nullability(&path, he.required, we.required, changes)?;
+            e.required = we.required;
+            Ok(Type::List(ListType {
+                element_field: Arc::new(e),
+            }))
+        }
+        (Type::Map(h), Type::Map(w)) => {
+            if !same_shape(&h.key_field.field_type, &w.key_field.field_type) {
+                return Err(refuse(format!(
+                    "its map keys are {} in the table and {} in the definition: a map's key type cannot change",
+                    h.key_field.field_type, w.key_field.field_type
+                )));
+            }
+            let (hv, wv) = (&h.value_field, &w.value_field);
+            let mut v = (**hv).clone();
+            let path = format!("{name}.value");
+            v.field_type = Box::new(merge(&path, &hv.field_type, &wv.field_type, next, changes)?);
+            nullability(&path, hv.required, wv.required, changes)?;
+            v.required = wv.required;
+            Ok(Type::Map(MapType {
+                key_field: h.key_field.clone(),
+                value_field: Arc::new(v),
+            }))
+        }
         _ => Err(refuse(format!(
             "it is {have} in the table and {want} in the definition: that is not a type promotion ({PROMOTIONS})"
         ))),
@@ -257,24 +329,18 @@ pub fn evolve(
                         format!("the table's column `{}` is claimed twice", h.name),
                     ));
                 }
-                nf.field_type =
-                    Box::new(merge(&f.name, &h.field_type, &f.field_type, &mut changes)?);
+                nf.field_type = Box::new(merge(
+                    &f.name,
+                    &h.field_type,
+                    &f.field_type,
+                    &mut next,
+                    &mut changes,
+                )?);
                 nullability(&f.name, h.required, f.required, &mut changes)?;
                 nf.id = h.id;
                 nf.doc = h.doc.clone();
             }
             None => {
-                // iceberg-rust 0.10's scan (the state table is read with
-                // it) cannot give a nested column missing from older files.
-                if !f.field_type.is_primitive() {
-                    return Err(refuse(
-                        &f.name,
-                        format!(
-                            "it is a new {} column: nested columns can only be declared with the table yet; rebuild with `autocdc refresh --full`",
-                            f.field_type
-                        ),
-                    ));
-                }
                 if f.required {
                     return Err(refuse(
                         &f.name,

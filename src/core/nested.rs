@@ -441,6 +441,63 @@ fn in_row(offsets: &arrow_buffer::OffsetBuffer<i32>, r: Refused) -> Refused {
     }
 }
 
+/// `a`, read from a file written in an older schema, as type `to`: struct
+/// fields matched by their Parquet field id (else name), a field the file
+/// lacks null, leaves cast (a widened type), at every depth.
+pub fn conform(a: &ArrayRef, to: &DataType) -> Result<ArrayRef, ArrowError> {
+    let id = |f: &Field| {
+        f.metadata()
+            .get("PARQUET:field_id")
+            .and_then(|v| v.parse::<i32>().ok())
+    };
+    match (a.data_type(), to) {
+        (from, to) if from == to => Ok(a.clone()),
+        (DataType::Struct(have), DataType::Struct(fields)) => {
+            let s = a.as_struct();
+            let cols = fields
+                .iter()
+                .map(|f| {
+                    let at = id(f)
+                        .and_then(|i| have.iter().position(|g| id(g) == Some(i)))
+                        .or_else(|| have.iter().position(|g| g.name() == f.name()));
+                    match at {
+                        Some(j) => conform(s.column(j), f.data_type()),
+                        None => Ok(arrow_array::new_null_array(f.data_type(), s.len())),
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Arc::new(StructArray::try_new(
+                fields.clone(),
+                cols,
+                s.nulls().cloned(),
+            )?))
+        }
+        (DataType::List(_), DataType::List(f)) => {
+            let l = a.as_list::<i32>();
+            let values = conform(l.values(), f.data_type())?;
+            Ok(Arc::new(ListArray::try_new(
+                f.clone(),
+                l.offsets().clone(),
+                values,
+                l.nulls().cloned(),
+            )?))
+        }
+        (DataType::Map(..), DataType::Map(f, sorted)) => {
+            let m = a.as_map();
+            let entries: ArrayRef = Arc::new(m.entries().clone());
+            let entries = conform(&entries, f.data_type())?;
+            Ok(Arc::new(MapArray::try_new(
+                f.clone(),
+                m.offsets().clone(),
+                entries.as_struct().clone(),
+                m.nulls().cloned(),
+                *sorted,
+            )?))
+        }
+        _ => arrow_cast::cast(a, to),
+    }
+}
+
 /// `t` as arrow-row encodes it: every map as the list of its entries.
 pub fn row_type(t: &DataType) -> DataType {
     match t {

@@ -95,10 +95,18 @@ pub struct Inventory {
 
 /// Reads every manifest of the current snapshot (None: no snapshot yet).
 pub async fn inventory(file_io: &FileIO, table: &TableState) -> Result<Option<Inventory>> {
-    let meta = &table.metadata;
-    let Some(snap) = meta.current_snapshot() else {
-        return Ok(None);
-    };
+    match table.metadata.current_snapshot() {
+        Some(snap) => Ok(Some(inventory_of(file_io, table, snap).await?)),
+        None => Ok(None),
+    }
+}
+
+/// Reads every manifest of snapshot `snap` of `table`.
+pub async fn inventory_of(
+    file_io: &FileIO,
+    table: &TableState,
+    snap: &iceberg::spec::SnapshotRef,
+) -> Result<Inventory> {
     let t = table.table(file_io)?;
     let list = t.manifest_list_reader(snap).load().await?;
     let mut inv = Inventory {
@@ -131,7 +139,7 @@ pub async fn inventory(file_io: &FileIO, table: &TableState) -> Result<Option<In
             }
         }
     }
-    Ok(Some(inv))
+    Ok(inv)
 }
 
 /// The rows of every position-delete file of an inventory.
@@ -227,7 +235,7 @@ fn bad_file(path: &str, what: &str) -> Error {
     }
 }
 
-async fn read_parquet(file_io: &FileIO, path: &str) -> Result<Vec<RecordBatch>> {
+pub(crate) async fn read_parquet(file_io: &FileIO, path: &str) -> Result<Vec<RecordBatch>> {
     let bytes = file_io.new_input(path)?.read().await?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)?
         .with_batch_size(64 * 1024)
@@ -444,6 +452,105 @@ async fn load_eq(
     Ok(EqSet { cols, conv, rows })
 }
 
+/// The batch's rows at `idx`.
+fn take_rows(b: &RecordBatch, idx: Vec<u32>) -> Result<RecordBatch> {
+    let take_idx = UInt32Array::from(idx);
+    let cols = b
+        .columns()
+        .iter()
+        .map(|c| take(c.as_ref(), &take_idx, None))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(b.schema(), cols)?)
+}
+
+/// Data file `d` read into `schema` (`arrow` its Arrow form), batch by
+/// batch, each with the positions in it that no delete of the inventory
+/// removes. `eq_sets` caches equality-delete files across calls.
+async fn live_rows(
+    file_io: &FileIO,
+    inv: &Inventory,
+    pd: &PositionDeletes,
+    d: &Entry,
+    schema: &Schema,
+    arrow: &ArrowSchemaRef,
+    eq_sets: &mut HashMap<usize, EqSet>,
+) -> Result<Vec<(RecordBatch, Vec<u32>)>> {
+    let deleted = pd.deleted(d);
+    let applying: Vec<usize> = inv
+        .eq_deletes
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.eq_applies_to(d))
+        .map(|(k, _)| k)
+        .collect();
+    for &k in &applying {
+        if let std::collections::hash_map::Entry::Vacant(slot) = eq_sets.entry(k) {
+            slot.insert(load_eq(file_io, &inv.eq_deletes[k], schema, arrow).await?);
+        }
+    }
+    let mut out = Vec::new();
+    let mut base = 0usize;
+    let mut del = deleted.iter().peekable();
+    for raw in read_parquet(file_io, d.path()).await? {
+        let b = write::to_schema(&raw, schema, arrow).map_err(|what| bad_file(d.path(), &what))?;
+        let n = b.num_rows();
+        let mut keep = vec![true; n];
+        while let Some(&&p) = del.peek() {
+            if p as usize >= base + n {
+                break;
+            }
+            if p as usize >= base {
+                keep[p as usize - base] = false;
+            }
+            del.next();
+        }
+        for k in &applying {
+            let set = &eq_sets[k];
+            let arrays: Vec<ArrayRef> = set.cols.iter().map(|&c| b.column(c).clone()).collect();
+            let rows = set.conv.convert_columns(&arrays)?;
+            for (r, row) in rows.iter().enumerate() {
+                if keep[r] && set.rows.contains(row.as_ref()) {
+                    keep[r] = false;
+                }
+            }
+        }
+        let idx: Vec<u32> = (0..n as u32).filter(|&r| keep[r as usize]).collect();
+        out.push((b, idx));
+        base += n;
+    }
+    let records = d.file.record_count() as usize;
+    if base != records {
+        return Err(bad_file(
+            d.path(),
+            &format!("{base} rows read, the manifest says {records}"),
+        ));
+    }
+    Ok(out)
+}
+
+/// Every live row of the table's current snapshot, read into its current
+/// schema (deletes applied): autocdc's own reader, for `show` and tests.
+pub async fn scan(file_io: &FileIO, table: &TableState) -> Result<Vec<RecordBatch>> {
+    let Some(inv) = inventory(file_io, table).await? else {
+        return Ok(Vec::new());
+    };
+    let schema = table.metadata.current_schema().clone();
+    let arrow: ArrowSchemaRef = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema)?);
+    let pd = read_position_deletes(file_io, &inv).await?;
+    let mut eq_sets = HashMap::new();
+    let mut out = Vec::new();
+    for d in &inv.data {
+        for (b, idx) in live_rows(file_io, &inv, &pd, d, &schema, &arrow, &mut eq_sets).await? {
+            if idx.len() == b.num_rows() {
+                out.push(b);
+            } else if !idx.is_empty() {
+                out.push(take_rows(&b, idx)?);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Reads the selected files, applies their deletes, writes the survivors
 /// (bin-packed to `target` per partition) and the merged position deletes.
 #[allow(clippy::too_many_arguments)]
@@ -468,69 +575,20 @@ pub async fn rewrite(
         let d = &inv.data[i];
         out.bytes_read += d.file.file_size_in_bytes();
         out.removed.insert(d.path().to_string());
-        let deleted = pd.deleted(d);
-        let applying: Vec<usize> = inv
-            .eq_deletes
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.eq_applies_to(d))
-            .map(|(k, _)| k)
-            .collect();
-        for &k in &applying {
-            if let std::collections::hash_map::Entry::Vacant(slot) = eq_sets.entry(k) {
-                slot.insert(load_eq(file_io, &inv.eq_deletes[k], &schema, &arrow).await?);
-            }
-        }
         let records = d.file.record_count() as usize;
         let slot = out.moves.len() as u32;
         out.moves.push((d.path().to_string(), vec![None; records]));
         let mut base = 0usize;
-        let mut del = deleted.iter().peekable();
-        for raw in read_parquet(file_io, d.path()).await? {
-            let b = write::to_schema(&raw, &schema, &arrow)
-                .map_err(|what| bad_file(d.path(), &what))?;
+        for (b, idx) in live_rows(file_io, inv, pd, d, &schema, &arrow, &mut eq_sets).await? {
             let n = b.num_rows();
-            let mut keep = vec![true; n];
-            while let Some(&&p) = del.peek() {
-                if p as usize >= base + n {
-                    break;
-                }
-                if p as usize >= base {
-                    keep[p as usize - base] = false;
-                }
-                del.next();
-            }
-            for k in &applying {
-                let set = &eq_sets[k];
-                let arrays: Vec<ArrayRef> = set.cols.iter().map(|&c| b.column(c).clone()).collect();
-                let rows = set.conv.convert_columns(&arrays)?;
-                for (r, row) in rows.iter().enumerate() {
-                    if keep[r] && set.rows.contains(row.as_ref()) {
-                        keep[r] = false;
-                    }
-                }
-            }
-            let idx: Vec<u32> = (0..n as u32).filter(|&r| keep[r as usize]).collect();
             out.rows_dropped += (n - idx.len()) as u64;
             origin.extend(idx.iter().map(|&r| (slot, (base + r as usize) as u32)));
             if idx.len() == n {
                 parts.push(b);
             } else if !idx.is_empty() {
-                let take_idx = UInt32Array::from(idx);
-                let cols = b
-                    .columns()
-                    .iter()
-                    .map(|c| take(c.as_ref(), &take_idx, None))
-                    .collect::<std::result::Result<Vec<_>, _>>()?;
-                parts.push(RecordBatch::try_new(arrow.clone(), cols)?);
+                parts.push(take_rows(&b, idx)?);
             }
             base += n;
-        }
-        if base != records {
-            return Err(bad_file(
-                d.path(),
-                &format!("{base} rows read, the manifest says {records}"),
-            ));
         }
     }
     if !parts.is_empty() {

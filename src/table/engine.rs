@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use iceberg::arrow::schema_to_arrow_schema;
 use iceberg::io::FileIO;
 use iceberg::spec::{
@@ -902,6 +902,9 @@ async fn open_tables(
 }
 
 /// The state table's rows as of snapshot `sid` (the one the target names).
+/// State files read at once when a flow opens.
+const STATE_FILES_IN_FLIGHT: usize = 8;
+
 async fn read_state(
     flow: &Flow,
     catalog: &dyn Catalog,
@@ -919,17 +922,39 @@ async fn read_state(
             ),
         });
     }
-    let t = state_tbl.table(catalog.file_io())?;
-    let batches: Vec<RecordBatch> = t
-        .scan()
-        .snapshot_id(sid)
-        .select_all()
-        .build()?
-        .to_arrow()
+    // The state table is only appended to and replaced whole: its rows are
+    // its data files' rows. They are read here rather than with
+    // iceberg-rust's scan, which takes key columns named like its metadata
+    // columns (`pos`, `file_path`) for those.
+    let snap = state_tbl
+        .metadata
+        .snapshot_by_id(sid)
+        .expect("checked above");
+    let file_io = catalog.file_io();
+    let inv = compact::inventory_of(file_io, state_tbl, snap).await?;
+    if !inv.pos_deletes.is_empty() || !inv.eq_deletes.is_empty() {
+        return Err(Error::State {
+            code: codes::STATE_SCHEMA,
+            message: format!(
+                "flow `{}`: state snapshot {sid} of {} has delete files, which autocdc never writes there; another writer changed it. Run `autocdc refresh --full {}`",
+                flow.name,
+                flow.state_ident(),
+                flow.name
+            ),
+        });
+    }
+    let batches: Vec<RecordBatch> = futures::stream::iter(inv.data)
+        .map(|e| {
+            let io = file_io.clone();
+            async move { compact::read_parquet(&io, e.file.file_path()).await }
+        })
+        .buffered(STATE_FILES_IN_FLIGHT)
+        .try_collect::<Vec<_>>()
         .await?
-        .try_collect()
-        .await?;
-    // Read in the snapshot's schema: into the current one by field id (a
+        .into_iter()
+        .flatten()
+        .collect();
+    // Each file in its own schema: into the current one by field id (a
     // column evolved since is renamed, widened, or null when added).
     let now = state_tbl.metadata.current_schema();
     let arrow = Arc::new(schema_to_arrow_schema(now)?);
@@ -2342,17 +2367,44 @@ impl Engine {
     }
 }
 
-/// Reads the current snapshot of a table (deletes applied).
+/// Reads the current snapshot of a table (deletes applied), with
+/// iceberg-rust's scan (a reader independent of autocdc's writer), else
+/// with autocdc's own where iceberg-rust 0.10 cannot read the table.
 pub async fn scan(catalog: &dyn Catalog, table: &TableState) -> Result<Vec<RecordBatch>> {
     if table.metadata.current_snapshot().is_none() {
         return Ok(Vec::new());
     }
+    // iceberg-rust 0.10 takes columns named like its metadata columns
+    // (`pos`, `file_path`, ...) for those and cannot find them: such
+    // tables are read with autocdc's own reader (compaction's).
+    let reserved = table
+        .metadata
+        .current_schema()
+        .as_struct()
+        .fields()
+        .iter()
+        .any(|f| iceberg::metadata_columns::is_metadata_column_name(&f.name));
+    if reserved {
+        return compact::scan(catalog.file_io(), table).await;
+    }
     let t = table.table(catalog.file_io())?;
-    Ok(t.scan()
-        .select_all()
-        .build()?
-        .to_arrow()
-        .await?
-        .try_collect()
-        .await?)
+    let scanned: Result<Vec<RecordBatch>> = async {
+        Ok(t.scan()
+            .select_all()
+            .build()?
+            .to_arrow()
+            .await?
+            .try_collect()
+            .await?)
+    }
+    .await;
+    match scanned {
+        Ok(batches) => Ok(batches),
+        // It also cannot read a file written before a nested column was
+        // added or changed; autocdc's reader can.
+        Err(e) => {
+            tracing::debug!(table = %table.ident, error = %e, "iceberg-rust's scan failed; reading with autocdc's reader");
+            compact::scan(catalog.file_io(), table).await
+        }
+    }
 }

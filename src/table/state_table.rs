@@ -448,10 +448,16 @@ fn seq_columns(flow: &Flow, batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
 /// `batch` (built in the definition's column order) in the order of the
 /// state table's schema `to`, column by column by name.
 pub fn conform(batch: &RecordBatch, to: SchemaRef) -> Result<RecordBatch> {
+    // Nested columns: the table numbers the fields inside them its own way.
     let cols = to
         .fields()
         .iter()
-        .map(|f| column(batch, f.name()).cloned())
+        .map(|f| {
+            Ok(crate::core::nested::conform(
+                column(batch, f.name())?,
+                f.data_type(),
+            )?)
+        })
         .collect::<Result<Vec<_>>>()?;
     Ok(RecordBatch::try_new(to, cols)?)
 }

@@ -434,8 +434,9 @@ pub fn column_for(b: &RecordBatch, id: i32, name: &str) -> Option<usize> {
 
 /// A batch read in an older schema of a table (a file's, a snapshot's), in
 /// the table's `schema` (`arrow` its Arrow form): columns found by field id
-/// (else name), cast to the current type (a widened column); a column the
-/// batch lacks (added since) is null. Err names a required column missing.
+/// (else name), cast to the current type (a widened column, a struct with
+/// fields added or dropped since); a column the batch lacks (added since)
+/// is null. Err names a required column missing.
 pub fn to_schema(
     b: &RecordBatch,
     schema: &Schema,
@@ -447,9 +448,8 @@ pub fn to_schema(
         .map(|f| {
             let id = schema.field_by_name(f.name()).map(|n| n.id).unwrap_or(-1);
             match column_for(b, id, f.name()) {
-                Some(at) => {
-                    arrow_cast::cast(b.column(at), f.data_type()).map_err(|e| e.to_string())
-                }
+                Some(at) => crate::core::nested::conform(b.column(at), f.data_type())
+                    .map_err(|e| e.to_string()),
                 None if f.is_nullable() => {
                     Ok(arrow_array::new_null_array(f.data_type(), b.num_rows()))
                 }
