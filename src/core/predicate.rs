@@ -258,6 +258,54 @@ pub(super) fn parse_expr(sql: &str, max_operators: usize) -> Result<Expr, Predic
     Ok(expr)
 }
 
+/// The field of `schema` a plain name resolves to: an exact match, else the
+/// one case-insensitive match of an unquoted name (shared with `seq_expr`).
+pub(super) fn resolve(sql: &str, schema: &Schema, ident: &Ident) -> Result<usize, PredicateError> {
+    let fields = schema.fields();
+    fields
+        .iter()
+        .position(|f| f.name() == &ident.value)
+        .or_else(|| {
+            let mut it = fields
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| f.name().eq_ignore_ascii_case(&ident.value));
+            it.next()
+                .filter(|_| ident.quote_style.is_none() && it.next().is_none())
+                .map(|(i, _)| i)
+        })
+        .ok_or_else(|| PredicateError::UnknownColumn {
+            sql: sql.to_string(),
+            column: ident.value.clone(),
+        })
+}
+
+/// The error for a multi-part name such as `changes.op`.
+pub(super) fn multipart(sql: &str, parts: &[Ident]) -> PredicateError {
+    PredicateError::Multipart {
+        sql: sql.to_string(),
+        identifier: parts
+            .iter()
+            .map(|p| p.value.as_str())
+            .collect::<Vec<_>>()
+            .join("."),
+    }
+}
+
+/// A literal's value; None for a kind expressions do not take.
+pub(super) fn literal(v: &Value) -> Option<Lit> {
+    Some(match v {
+        Value::Number(n, _) => Lit::Num(n.to_string()),
+        Value::Boolean(b) => Lit::Bool(*b),
+        Value::Null => Lit::Null,
+        Value::SingleQuotedString(s)
+        | Value::EscapedStringLiteral(s)
+        | Value::NationalStringLiteral(s)
+        | Value::UnicodeStringLiteral(s) => Lit::Str(s.clone()),
+        _ => return None,
+    })
+}
+
 /// Drops a parsed expression without recursing down its AND / OR chains
 /// (a chain of thousands of terms is a tree that deep; the default drop
 /// would recurse once per term).
@@ -322,24 +370,7 @@ impl Compiler<'_> {
     /// Resolves a plain column name: exact match, else a unique case-insensitive match for an
     /// unquoted name. Returns the index into `self.columns` and the column's type.
     fn column(&mut self, ident: &Ident) -> Result<Val, PredicateError> {
-        let fields = self.schema.fields();
-        let field = fields
-            .iter()
-            .find(|f| f.name() == &ident.value)
-            .or_else(|| {
-                let mut it = fields
-                    .iter()
-                    .filter(|f| f.name().eq_ignore_ascii_case(&ident.value));
-                it.next()
-                    .filter(|_| ident.quote_style.is_none() && it.next().is_none())
-            });
-        let Some(field) = field else {
-            let column = ident.value.clone();
-            return Err(PredicateError::UnknownColumn {
-                sql: self.sql.to_string(),
-                column,
-            });
-        };
+        let field = self.schema.field(resolve(self.sql, self.schema, ident)?);
         let idx = self
             .columns
             .iter()
@@ -466,24 +497,10 @@ impl Compiler<'_> {
         match e {
             Expr::Nested(inner) => self.value(inner),
             Expr::Identifier(ident) => self.column(ident),
-            Expr::CompoundIdentifier(parts) => Err(PredicateError::Multipart {
-                sql: self.sql.to_string(),
-                identifier: parts
-                    .iter()
-                    .map(|p| p.value.as_str())
-                    .collect::<Vec<_>>()
-                    .join("."),
-            }),
-            Expr::Value(v) => Ok(Val::Lit(match &v.value {
-                Value::Number(n, _) => Lit::Num(n.to_string()),
-                Value::Boolean(b) => Lit::Bool(*b),
-                Value::Null => Lit::Null,
-                Value::SingleQuotedString(s)
-                | Value::EscapedStringLiteral(s)
-                | Value::NationalStringLiteral(s)
-                | Value::UnicodeStringLiteral(s) => Lit::Str(s.clone()),
-                other => return Err(self.unsupported(format!("the literal `{other}`"))),
-            })),
+            Expr::CompoundIdentifier(parts) => Err(multipart(self.sql, parts)),
+            Expr::Value(v) => literal(&v.value)
+                .map(Val::Lit)
+                .ok_or_else(|| self.unsupported(format!("the literal `{v}`"))),
             Expr::UnaryOp {
                 op: op @ (UnaryOperator::Minus | UnaryOperator::Plus),
                 expr,

@@ -19,12 +19,12 @@ use arrow_cast::{CastOptions, can_cast_types, cast_with_options};
 use arrow_schema::{ArrowError, DataType, Schema};
 use sqlparser::ast::{
     BinaryOperator as B, CastKind, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, Ident,
-    UnaryOperator, Value,
+    UnaryOperator,
 };
 
 use super::predicate::{
-    Lit, NumKind, PredicateError, describe, drop_expr, is_string, lit_array, num_kind,
-    num_kind_of_literal, parse_expr,
+    Lit, NumKind, PredicateError, describe, drop_expr, is_string, lit_array, literal, multipart,
+    num_kind, num_kind_of_literal, parse_expr, resolve,
 };
 
 /// The most operators in one `sequence_by` expression: it is compiled and
@@ -343,53 +343,20 @@ impl Compiler<'_> {
         }
     }
 
-    /// A plain column: exact match, else a unique case-insensitive match for
-    /// an unquoted name.
-    fn column(&self, ident: &Ident) -> Result<Val, PredicateError> {
-        let fields = self.schema.fields();
-        let found = fields
-            .iter()
-            .position(|f| f.name() == &ident.value)
-            .or_else(|| {
-                let mut it = fields
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, f)| f.name().eq_ignore_ascii_case(&ident.value));
-                it.next()
-                    .filter(|_| ident.quote_style.is_none() && it.next().is_none())
-                    .map(|(i, _)| i)
-            });
-        match found {
-            Some(i) => Ok(Val::Node(Node::Column(i), fields[i].data_type().clone())),
-            None => Err(PredicateError::UnknownColumn {
-                sql: self.sql.to_string(),
-                column: ident.value.clone(),
-            }),
-        }
-    }
-
     fn value(&self, e: &Expr) -> Result<Val, PredicateError> {
         match e {
             Expr::Nested(inner) => self.value(inner),
-            Expr::Identifier(ident) => self.column(ident),
-            Expr::CompoundIdentifier(parts) => Err(PredicateError::Multipart {
-                sql: self.sql.to_string(),
-                identifier: parts
-                    .iter()
-                    .map(|p| p.value.as_str())
-                    .collect::<Vec<_>>()
-                    .join("."),
-            }),
-            Expr::Value(v) => Ok(Val::Lit(match &v.value {
-                Value::Number(n, _) => Lit::Num(n.to_string()),
-                Value::Boolean(b) => Lit::Bool(*b),
-                Value::Null => Lit::Null,
-                Value::SingleQuotedString(s)
-                | Value::EscapedStringLiteral(s)
-                | Value::NationalStringLiteral(s)
-                | Value::UnicodeStringLiteral(s) => Lit::Str(s.clone()),
-                other => return Err(self.unsupported(format!("the literal `{other}`"))),
-            })),
+            Expr::Identifier(ident) => {
+                let i = resolve(self.sql, self.schema, ident)?;
+                Ok(Val::Node(
+                    Node::Column(i),
+                    self.schema.field(i).data_type().clone(),
+                ))
+            }
+            Expr::CompoundIdentifier(parts) => Err(multipart(self.sql, parts)),
+            Expr::Value(v) => literal(&v.value)
+                .map(Val::Lit)
+                .ok_or_else(|| self.unsupported(format!("the literal `{v}`"))),
             Expr::UnaryOp {
                 op: op @ (UnaryOperator::Minus | UnaryOperator::Plus),
                 expr,
