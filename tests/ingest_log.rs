@@ -101,12 +101,18 @@ impl MemoryLogs {
     }
 }
 
+#[async_trait::async_trait]
 impl LogFactory for MemoryLogs {
-    fn identity(&self, flow: &str) -> Result<String> {
+    async fn identity(&self, flow: &str) -> Result<String> {
         Ok(format!("memory-{flow}"))
     }
 
-    fn open(&self, flow: &str, _committed: i64, _max_bytes: u64) -> Result<Arc<dyn IngestLog>> {
+    async fn open(
+        &self,
+        flow: &str,
+        _committed: i64,
+        _max_bytes: u64,
+    ) -> Result<Arc<dyn IngestLog>> {
         Ok(self.log(flow))
     }
 }

@@ -992,10 +992,16 @@ pub async fn start(
     config: crate::config::Config,
     faults: Arc<crate::fault::Faults>,
 ) -> crate::Result<Running> {
-    let logs = Arc::new(crate::service::wal::LocalLogs::new(
-        std::path::Path::new(&config.server.data_dir).join("flows"),
-        faults.clone(),
-    ));
+    let logs: Arc<dyn crate::service::wal::LogFactory> = match &config.ingest {
+        crate::config::IngestConfig::Local => Arc::new(crate::service::wal::LocalLogs::new(
+            std::path::Path::new(&config.server.data_dir).join("flows"),
+            faults.clone(),
+        )),
+        crate::config::IngestConfig::Nats(nats) => Arc::new(
+            crate::service::nats_log::NatsLogs::connect(nats, config.server.idempotency_window()?)
+                .await?,
+        ),
+    };
     start_with_logs(config, faults, logs).await
 }
 

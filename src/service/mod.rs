@@ -18,6 +18,7 @@ pub mod http;
 pub mod infer;
 pub mod input;
 pub mod metrics;
+pub mod nats_log;
 pub mod wal;
 
 use std::collections::{BTreeMap, HashMap};
@@ -609,7 +610,7 @@ impl Service {
     async fn start_flow(self: &Arc<Self>, flow: Flow) -> Result<Arc<FlowRuntime>> {
         let flow = self.with_target_columns(flow).await?;
         let log_ref = LogRef {
-            id: self.logs.identity(&flow.name)?,
+            id: self.logs.identity(&flow.name).await?,
             retention_ms: self.config.log_offsets_retention()?.as_millis() as i64,
         };
         let engine = Engine::open_for_log(
@@ -623,7 +624,8 @@ impl Service {
         let committed = summary.input_offset;
         let log = self
             .logs
-            .open(&flow.name, committed, flow.commit.max_log_bytes)?;
+            .open(&flow.name, committed, flow.commit.max_log_bytes)
+            .await?;
         let records = log.replay(committed).await?;
         let mut pending = BTreeMap::new();
         let mut bytes_total = 0;
@@ -843,8 +845,42 @@ impl Service {
             }
             r => r?,
         };
+        // A duplicate this process never queued: a shared log stored an
+        // append that was answered 503 (no acknowledgement in time). The
+        // stored record is queued, not this request's body, which may
+        // differ under a reused key.
+        let stored = if appended.duplicate && {
+            let inner = rt.lock();
+            appended.offset > inner.status.applied_offset
+                && !inner.pending.contains_key(&appended.offset)
+        } {
+            match rt.log.read(appended.offset).await? {
+                Some(r) => Some(decode_record(&rt.flow, &r.payload).map(|d| (d, r.payload.len()))?),
+                None => None,
+            }
+        } else {
+            None
+        };
         let wake = {
             let mut inner = rt.lock();
+            if let Some(((batch, version), bytes)) = stored
+                && appended.offset > inner.status.applied_offset
+                && !inner.pending.contains_key(&appended.offset)
+            {
+                let rows = batch.num_rows() as u64;
+                inner.pending.insert(
+                    appended.offset,
+                    Pending {
+                        batch,
+                        bytes: bytes as u64,
+                        version,
+                    },
+                );
+                inner.status.accepted_batches += 1;
+                inner.status.pending_batches += 1;
+                inner.status.pending_rows += rows;
+                inner.status.pending_bytes += bytes as u64;
+            }
             if !appended.duplicate {
                 inner.status.accepted_batches += 1;
                 // A retry of a batch that is already committed and released is not re-queued.

@@ -83,20 +83,30 @@ pub trait IngestLog: Send + Sync + std::fmt::Debug {
     async fn release(&self, offset: i64, keep_after_ms: i64) -> Result<()>;
 
     fn stats(&self) -> LogStats;
+
+    /// The record at `offset`, when this log can hold records this process
+    /// did not append or replay: a shared log where an append that timed
+    /// out (and was answered 503) may still have been stored, so its retry
+    /// is a duplicate of a record the service never queued.
+    async fn read(&self, _offset: i64) -> Result<Option<Record>> {
+        Ok(None)
+    }
 }
 
 /// Opens the ingest log of each flow the service runs: the seam where a log
-/// on a shared broker (Kafka, NATS JetStream) plugs in. `LocalLogs` is the
-/// default; `tests/ingest_log.rs` runs the service on a log in memory.
+/// on a shared broker plugs in. `LocalLogs` is the default, `NatsLogs`
+/// (`service::nats_log`) the log on NATS JetStream; `tests/ingest_log.rs`
+/// runs the service on a log in memory.
+#[async_trait::async_trait]
 pub trait LogFactory: Send + Sync {
     /// The stable identity of `flow`'s log. The target records the log's
     /// committed offset under it, so it must be the same after a restart.
-    fn identity(&self, flow: &str) -> Result<String>;
+    async fn identity(&self, flow: &str) -> Result<String>;
 
     /// Opens `flow`'s log. Records through `committed` are in the target
     /// already; offsets after it must never be reused. `max_bytes` is the
     /// flow's `max_log_bytes`.
-    fn open(&self, flow: &str, committed: i64, max_bytes: u64) -> Result<Arc<dyn IngestLog>>;
+    async fn open(&self, flow: &str, committed: i64, max_bytes: u64) -> Result<Arc<dyn IngestLog>>;
 }
 
 /// Segment files roll at this size (smaller for a small `max_log_bytes`).
@@ -124,12 +134,13 @@ impl LocalLogs {
     }
 }
 
+#[async_trait::async_trait]
 impl LogFactory for LocalLogs {
-    fn identity(&self, flow: &str) -> Result<String> {
+    async fn identity(&self, flow: &str) -> Result<String> {
         identity(&self.dir(flow))
     }
 
-    fn open(&self, flow: &str, committed: i64, max_bytes: u64) -> Result<Arc<dyn IngestLog>> {
+    async fn open(&self, flow: &str, committed: i64, max_bytes: u64) -> Result<Arc<dyn IngestLog>> {
         Ok(Arc::new(LocalLog::open_with_faults(
             &self.dir(flow),
             committed,

@@ -137,6 +137,7 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         },
         flows,
         maintenance: Default::default(),
+        ingest: Default::default(),
     };
     let running = crate::service::http::start(config, Arc::new(Faults::default())).await?;
     let client = reqwest::Client::builder()

@@ -172,6 +172,7 @@ pub async fn run(a: SoakArgs) -> Result<()> {
         catalog: catalog.clone(),
         flows,
         maintenance: Default::default(),
+        ingest: Default::default(),
     };
     let config_path = dir.join("soak.toml");
     std::fs::write(

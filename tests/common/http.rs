@@ -35,6 +35,7 @@ pub fn config(dir: &Path, flows: Vec<FlowConfig>) -> Config {
         },
         flows,
         maintenance: Default::default(),
+        ingest: Default::default(),
     }
 }
 
