@@ -14,7 +14,7 @@ repo = sys.argv[1] if len(sys.argv) > 1 else "."
 doc = yaml.safe_load(open(os.path.join(repo, "docker-compose.yml")))
 problems = []
 services = doc.get("services", {})
-for name in ("autocdc", "postgres", "seaweedfs"):
+for name in ("autocdc", "postgres", "seaweedfs", "nats"):
     svc = services.get(name)
     if svc is None:
         problems.append(f"service {name} is missing")

@@ -13,8 +13,12 @@ For each combination, in a fresh data_dir and a unique table location:
   after a delete (comes back), exact duplicates; the table must hold exactly
   the expected rows.
 
-Combinations: hadoop-local, hadoop-s3, sql-s3, rest. Endpoints come only from
-the AUTOCDC_TEST_* variables (integration/backends.sh up, or docker compose).
+Combinations: hadoop-local, hadoop-s3, sql-s3, rest, and hadoop-local-nats:
+hadoop-local with the ingest log on NATS JetStream (`[ingest] type = "nats"`),
+each session started on an empty data_dir (a fresh machine), so everything it
+replays and every retried key it recognises comes from JetStream. Endpoints
+come only from the AUTOCDC_TEST_* variables (integration/backends.sh up, or
+docker compose).
 
 usage: suite.py AUTOCDC_BIN WORK_DIR GHOST_KITCHEN_DIR [COMBINATION...]
 """
@@ -40,7 +44,7 @@ import duckdb
 from pyarrow import fs
 from pyiceberg.table import StaticTable
 
-COMBINATIONS = ["hadoop-local", "hadoop-s3", "sql-s3", "rest"]
+COMBINATIONS = ["hadoop-local", "hadoop-s3", "sql-s3", "rest", "hadoop-local-nats"]
 GK_COLUMNS = ["order_id", "event_type", "location_id", "ts_seconds", "sequence", "status", "seq"]
 BATTERY_COLUMNS = ["id", "name", "city", "seq"]
 SESSIONS = 4  # so 3 restarts between batches
@@ -446,7 +450,7 @@ def push_ndjson(server, flow, lines, key=None, wait=False):
 
 
 def make_catalog(combo, run_id, work):
-    if combo == "hadoop-local":
+    if combo in ("hadoop-local", "hadoop-local-nats"):
         return HadoopCatalog(os.path.join(work, "warehouse")), None
     s3 = S3()
     bucket = env("AUTOCDC_TEST_S3_BUCKET")
@@ -474,11 +478,20 @@ def run_combination(combo, binary, root, gk, gk_lines, oracle, report):
         'table_properties = { "commit.manifest.min-count-to-merge" = "3" }\n',
     )
     config = os.path.join(work, "serve.toml")
+    nats = combo.endswith("-nats")
+    ingest = (
+        f'[ingest]\ntype = "nats"\nurl = {toml_str(env("AUTOCDC_TEST_NATS_URL"))}\n'
+        f'stream_prefix = "SUITE{run_id}"\nsubject_prefix = "suite{run_id}"\n\n'
+        if nats
+        else ""
+    )
 
-    def write_config(gk_flow):
+    def write_config(gk_flow, session=0):
+        # On NATS every session starts on an empty data_dir: a new machine.
+        data = work + (f"/data-{session}" if nats else "/data")
         with open(config, "w") as f:
             f.write(
-                f'[server]\nlisten = "127.0.0.1:{port}"\ndata_dir = {toml_str(work + "/data")}\n\n'
+                f'[server]\nlisten = "127.0.0.1:{port}"\ndata_dir = {toml_str(data)}\n\n{ingest}'
                 f"{catalog.config_toml()}\n{gk_flow}\n{BATTERY_FLOW.format(target=namespace + '.customers')}"
             )
 
@@ -502,10 +515,12 @@ def run_combination(combo, binary, root, gk, gk_lines, oracle, report):
             if session > 0:
                 server.stop()
                 restarts += 1
-            if session == EVOLVE_AT:
+            if session >= EVOLVE_AT:
                 # Mid-feed, the definition changes: a widened type, an added
                 # column and a partition field (README "Schema changes").
-                write_config(evolve_gk(gk_flow))
+                write_config(evolve_gk(gk_flow), session)
+            else:
+                write_config(gk_flow, session)
             server.start()
             if session > 0:
                 # The previous session's last request again, same key: applied once.

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The integration suite: `autocdc serve` over HTTP against each catalog/storage
-# combination (hadoop-local, hadoop-s3, sql-s3, rest), restarted between
+# combination (hadoop-local, hadoop-s3, sql-s3, rest, and hadoop-local-nats:
+# the ingest log on NATS JetStream), restarted between
 # batches, the tables checked with DuckDB and PyIceberg and with the catalog's
 # own view. One line per combination and check; exits non-zero on any FAIL.
 # scripts/test (the test command) runs it.
 #
-#   bash integration/suite.sh [hadoop-local|hadoop-s3|sql-s3|rest]...
+#   bash integration/suite.sh [hadoop-local|hadoop-s3|sql-s3|rest|hadoop-local-nats]...
 #
 # Endpoints come only from the AUTOCDC_TEST_* variables: set them (e.g. for
 # `docker compose up -d postgres seaweedfs`), or this starts the native
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 : "${CARGO_TARGET_DIR:=$PWD/target}"
 export CARGO_TARGET_DIR
 combos=("$@")
-[ ${#combos[@]} -eq 0 ] && combos=(hadoop-local hadoop-s3 sql-s3 rest)
+[ ${#combos[@]} -eq 0 ] && combos=(hadoop-local hadoop-s3 sql-s3 rest hadoop-local-nats)
 
 venv=${AUTOCDC_VENV:-$HOME/.cache/autocdc-venv}
 py="$venv/bin/python"
@@ -34,7 +35,8 @@ for c in "${combos[@]}"; do
     hadoop-s3) [ -n "${AUTOCDC_TEST_S3_ENDPOINT:-}" ] || needs_backends=true ;;
     sql-s3) [ -n "${AUTOCDC_TEST_S3_ENDPOINT:-}" ] && [ -n "${AUTOCDC_TEST_POSTGRES_URL:-}" ] || needs_backends=true ;;
     rest) [ -n "${AUTOCDC_TEST_S3_ENDPOINT:-}" ] && [ -n "${AUTOCDC_TEST_REST_URI:-}" ] || needs_backends=true ;;
-    *) echo "unknown combination $c (hadoop-local, hadoop-s3, sql-s3, rest)" >&2; exit 2 ;;
+    hadoop-local-nats) [ -n "${AUTOCDC_TEST_NATS_URL:-}" ] || needs_backends=true ;;
+    *) echo "unknown combination $c (hadoop-local, hadoop-s3, sql-s3, rest, hadoop-local-nats)" >&2; exit 2 ;;
   esac
 done
 if $needs_backends; then

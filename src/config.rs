@@ -37,7 +37,7 @@ pub enum IngestConfig {
     #[default]
     Local,
     /// A NATS JetStream stream per flow.
-    Nats(NatsConfig),
+    Nats(Box<NatsConfig>),
 }
 
 /// `[ingest] type = "nats"`.
@@ -69,6 +69,15 @@ pub struct NatsConfig {
     /// How long a publish may wait for JetStream's acknowledgement.
     #[serde(default = "default_publish_timeout")]
     pub publish_timeout: String,
+    /// A flow's committer holds a lease this long unless it renews it (every
+    /// quarter of it): how long a flow goes uncommitted after its instance
+    /// dies.
+    #[serde(default = "default_lease_ttl")]
+    pub lease_ttl: String,
+    /// This instance's name in the leases (default: `autocdc-` and a random
+    /// suffix, new at each start).
+    #[serde(default)]
+    pub instance: Option<String>,
 }
 
 fn default_stream_prefix() -> String {
@@ -86,6 +95,9 @@ fn default_max_age() -> String {
 fn default_publish_timeout() -> String {
     "10s".into()
 }
+fn default_lease_ttl() -> String {
+    "10s".into()
+}
 
 impl std::fmt::Debug for NatsConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -99,6 +111,8 @@ impl std::fmt::Debug for NatsConfig {
             .field("replicas", &self.replicas)
             .field("max_age", &self.max_age)
             .field("publish_timeout", &self.publish_timeout)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("instance", &self.instance)
             .finish()
     }
 }
@@ -116,10 +130,32 @@ impl NatsConfig {
         }
         Ok(d)
     }
+    pub fn lease_ttl(&self) -> Result<Duration> {
+        let d = parse_duration_setting("ingest.lease_ttl", &self.lease_ttl)?;
+        if d < Duration::from_secs(1) {
+            return Err(Error::Config(format!(
+                "ingest.lease_ttl = \"{}\": at least \"1s\" (it is renewed every quarter of it)",
+                self.lease_ttl
+            )));
+        }
+        Ok(d)
+    }
     /// Checks what can be checked before connecting.
     pub fn validate(&self) -> Result<()> {
         self.max_age()?;
         self.publish_timeout()?;
+        self.lease_ttl()?;
+        if let Some(i) = &self.instance
+            && (i.is_empty()
+                || i.len() > 64
+                || !i
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+        {
+            return Err(Error::Config(format!(
+                "ingest.instance = {i:?}: 1 to 64 letters, digits, `_` and `-`"
+            )));
+        }
         let token_ok = |what: &str, s: &str| {
             if s.is_empty()
                 || !s

@@ -18,6 +18,10 @@ fn every_config_under_catalogs_loads() {
         assert!(!flows.is_empty(), "{} declares no flow", path.display());
         config.server.request_timeout().unwrap();
         config.server.idempotency_window().unwrap();
+        if let autocdc::config::IngestConfig::Nats(nats) = &config.ingest {
+            nats.validate()
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
         n += 1;
     }
     assert!(n >= 1, "no configs under {}", dir.display());

@@ -53,6 +53,8 @@ fn nats(url: &str, prefix: &str) -> NatsConfig {
         replicas: 1,
         max_age: "0s".into(),
         publish_timeout: "5s".into(),
+        lease_ttl: "2s".into(),
+        instance: None,
     }
 }
 
@@ -65,7 +67,7 @@ fn on_nats(
 ) -> Config {
     let mut cfg = config(dir, flows);
     cfg.server.data_dir = dir.join(data).to_string_lossy().to_string();
-    cfg.ingest = IngestConfig::Nats(n);
+    cfg.ingest = IngestConfig::Nats(Box::new(n));
     cfg
 }
 
@@ -132,7 +134,21 @@ fn acknowledged_batches_survive_the_loss_of_the_machine_that_took_them() {
         assert_eq!(again["duplicate"], true, "{again}");
         assert_eq!(again["offset"], k1["offset"]);
         let status = flow_status(&client, &r, "m").await;
-        assert_eq!(status["status"]["pending_batches"], 2, "{status}");
+        // Lag and publish latency, in the status and in /metrics.
+        assert_eq!(status["status"]["log_lag_batches"], 2, "{status}");
+        assert!(
+            status["status"]["recent_append_ms_p99"].as_f64().unwrap() > 0.0,
+            "{status}"
+        );
+        let metrics = get_text(&client, &r, "/metrics").await;
+        assert!(
+            metrics.contains("autocdc_log_lag_batches{flow=\"m\"} 2\n"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("autocdc_log_append_latency_recent_p99_ms{flow=\"m\"}"),
+            "{metrics}"
+        );
         std::mem::forget(r);
         (k1, k2)
     });
@@ -149,8 +165,6 @@ fn acknowledged_batches_survive_the_loss_of_the_machine_that_took_them() {
             n.clone(),
         ))
         .await;
-        let status = flow_status(&client, &r, "m").await;
-        assert_eq!(status["status"]["pending_batches"], 2, "{status}");
         let changes = url(&r, "/v1/flows/m/changes");
         let (s, again) = post(
             &client,
@@ -340,7 +354,8 @@ fn a_full_stream_refuses_with_429_and_loses_nothing() {
         assert!(!accepted.is_empty());
         // Everything acknowledged is committed; the stream takes more after.
         commit(&client, &r, "m").await;
-        assert_eq!(table(tmp.path(), "m").await, expected(&accepted));
+        let (got, want) = (table(tmp.path(), "m").await, expected(&accepted));
+        assert!(got == want, "{} rows, want {}", got.len(), want.len());
         r.stop().await.unwrap();
     });
 }
@@ -494,5 +509,230 @@ fn an_unreachable_nats_is_a_config_error_at_start() {
             .err()
             .expect("a dotted prefix was taken");
         assert!(e.to_string().contains("ingest.stream_prefix"), "{e}");
+    });
+}
+
+#[test]
+fn two_instances_on_one_flow_both_take_pushes_one_commits_and_the_table_has_each_once() {
+    rt().block_on(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = prefix();
+        let n = nats(&nats_url(), &p);
+        let client = reqwest::Client::new();
+        let a = start(on_nats(
+            tmp.path(),
+            "a",
+            vec![flow_cfg("m", "1s")],
+            n.clone(),
+        ))
+        .await;
+        let b = start(on_nats(
+            tmp.path(),
+            "b",
+            vec![flow_cfg("m", "1s")],
+            n.clone(),
+        ))
+        .await;
+        let mut all = Vec::new();
+        let mut offsets = std::collections::BTreeSet::new();
+        for i in 0..20i64 {
+            let evs = vec![
+                u(i % 7, ["Oslo", "Rome", "Lima"][(i % 3) as usize], i),
+                d((i + 3) % 7, i),
+            ];
+            let (r, other) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
+            let (s, ack) = post(
+                &client,
+                &url(r, "/v1/flows/m/changes"),
+                "application/x-ndjson",
+                ndjson(&evs),
+                Some(&format!("k{i}")),
+            )
+            .await;
+            assert_eq!(s, 202, "{ack}");
+            assert!(offsets.insert(ack["offset"].as_i64().unwrap()), "{ack}");
+            // A retry on the other instance is the same batch.
+            let (s, again) = post(
+                &client,
+                &url(other, "/v1/flows/m/changes"),
+                "application/x-ndjson",
+                ndjson(&evs),
+                Some(&format!("k{i}")),
+            )
+            .await;
+            assert_eq!(s, 202, "{again}");
+            assert_eq!(
+                (again["duplicate"].clone(), again["offset"].clone()),
+                (serde_json::json!(true), ack["offset"].clone())
+            );
+            all.extend(evs);
+        }
+        assert_eq!(offsets, (1..=20).collect());
+        // Both see the commits through 20 (one commits, the other reads
+        // the target), and exactly one holds the lease.
+        for r in [&a, &b] {
+            let mut status = serde_json::Value::Null;
+            for _ in 0..150 {
+                status = flow_status(&client, r, "m").await;
+                if status["status"]["committed_offset"] == 20 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(status["status"]["committed_offset"], 20, "{status}");
+        }
+        let mut held = Vec::new();
+        for r in [&a, &b] {
+            held.push(flow_status(&client, r, "m").await["status"]["lease"]["held_here"] == true);
+        }
+        assert_eq!(held.iter().filter(|h| **h).count(), 1, "{held:?}");
+        assert_eq!(table(tmp.path(), "m").await, expected(&all));
+        // `?wait=commit` on either instance answers once the holder committed.
+        let evs = vec![u(50, "Bern", 100)];
+        let (s, ack) = post(
+            &client,
+            &(url(&b, "/v1/flows/m/changes") + "?wait=commit"),
+            "application/x-ndjson",
+            ndjson(&evs),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "{ack}");
+        all.extend(evs);
+        assert_eq!(table(tmp.path(), "m").await, expected(&all));
+        a.stop().await.unwrap();
+        b.stop().await.unwrap();
+    });
+}
+
+/// Flows spread over three instances; the holder of some is killed (its
+/// runtime dropped: no last commit, no lease given back) while pushes go
+/// on; the others take its flows over within the lease TTL and every
+/// acknowledged batch is in its table once.
+#[test]
+fn a_killed_holders_flows_are_taken_over_and_nothing_acknowledged_is_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = prefix();
+    let n = nats(&nats_url(), &p);
+    let names: Vec<String> = (0..6).map(|i| format!("f{i}")).collect();
+    let flows = || {
+        names
+            .iter()
+            .map(|f| flow_cfg(f, "500ms"))
+            .collect::<Vec<_>>()
+    };
+    let mut runtimes: Vec<Option<tokio::runtime::Runtime>> = (0..3).map(|_| Some(rt())).collect();
+    let mut addrs = Vec::new();
+    for (i, r) in runtimes.iter().enumerate() {
+        let running = r.as_ref().unwrap().block_on(start(on_nats(
+            tmp.path(),
+            &format!("d{i}"),
+            flows(),
+            n.clone(),
+        )));
+        addrs.push(format!("http://{}", running.addr));
+        // Killed below, or left to end with the test's runtimes.
+        std::mem::forget(running);
+    }
+    let client_rt = rt();
+    let client = &reqwest::Client::new();
+    let (addrs, names) = (&addrs, &names);
+    let mut all: std::collections::BTreeMap<String, Vec<Ev>> = Default::default();
+    let mut batches = |round: i64, alive: &[usize]| {
+        let mut out = Vec::new();
+        for (k, f) in names.iter().enumerate() {
+            let seq = round * 10 + k as i64;
+            let evs = vec![u(round % 5, "Oslo", seq), d((round + 2) % 5, seq)];
+            all.entry(f.clone()).or_default().extend(evs.clone());
+            out.push((f.clone(), evs, alive[(round as usize + k) % alive.len()]));
+        }
+        out
+    };
+    let push = |batches: Vec<(String, Vec<Ev>, usize)>| async move {
+        for (f, evs, i) in batches {
+            let key = format!("{f}-{}", evs[0].3);
+            let (s, a) = post(
+                client,
+                &format!("{}/v1/flows/{f}/changes", addrs[i]),
+                "application/x-ndjson",
+                ndjson(&evs),
+                Some(&key),
+            )
+            .await;
+            assert_eq!(s, 202, "{a}");
+        }
+    };
+    let holders = |alive: Vec<usize>| async move {
+        let mut out: std::collections::BTreeMap<String, Vec<usize>> = Default::default();
+        for f in names {
+            for &i in &alive {
+                let v: serde_json::Value = client
+                    .get(format!("{}/v1/flows/{f}", addrs[i]))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                if v["status"]["lease"]["held_here"] == true {
+                    out.entry(f.clone()).or_default().push(i);
+                }
+            }
+        }
+        out
+    };
+    let holders = &holders;
+    let settled = |alive: Vec<usize>| async move {
+        let mut h = Default::default();
+        for _ in 0..150 {
+            h = holders(alive.clone()).await;
+            if h.len() == names.len() && h.values().all(|v| v.len() == 1) {
+                return h;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("no single holder per flow: {h:?}");
+    };
+
+    let victim = client_rt.block_on(async {
+        let h = settled(vec![0, 1, 2]).await;
+        let spread: std::collections::BTreeSet<usize> = h.values().map(|v| v[0]).collect();
+        assert!(spread.len() >= 2, "all flows on one instance: {h:?}");
+        for round in 0..5 {
+            push(batches(round, &[0, 1, 2])).await;
+        }
+        h["f0"][0]
+    });
+    runtimes[victim].take().unwrap().shutdown_background();
+    let alive: Vec<usize> = (0..3).filter(|i| *i != victim).collect();
+    client_rt.block_on(async {
+        for round in 5..10 {
+            push(batches(round, &alive)).await;
+        }
+    });
+    let all = &all;
+    client_rt.block_on(async {
+        let h = settled(alive.clone()).await;
+        assert!(!h.values().any(|v| v[0] == victim));
+        for f in names {
+            let holder = &addrs[h[f][0]];
+            let mut status = serde_json::Value::Null;
+            for _ in 0..150 {
+                status = client
+                    .get(format!("{holder}/v1/flows/{f}"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                if status["status"]["committed_offset"] == 10 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(status["status"]["committed_offset"], 10, "{f}: {status}");
+            assert_eq!(table(tmp.path(), f).await, expected(&all[f]), "{f}");
+        }
     });
 }

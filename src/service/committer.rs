@@ -38,6 +38,9 @@ pub(super) async fn committer(
     let mut backoff = Duration::from_millis(100);
     let interval = rt.flow.commit.interval;
     let mut next_start = tokio::time::Instant::now() + interval;
+    // On a shared log: the lease epoch this committer works under (none:
+    // another instance commits the flow).
+    let mut held = if rt.leased() { None } else { Some(0) };
     loop {
         let stopping = *stop.borrow();
         if !stopping {
@@ -49,6 +52,33 @@ pub(super) async fn committer(
         }
         let stopping = *stop.borrow();
         next_start = tokio::time::Instant::now() + interval;
+        if rt.leased() {
+            let now = rt.commits_here();
+            if now != held {
+                // Taken, lost, or taken again after another instance
+                // committed: start over from the target and the log.
+                tracing::info!(flow = %rt.flow.name, epoch = ?now, "committer_lease_changed");
+                engine = None;
+                rt.forget_pending();
+                held = now;
+            }
+            if held.is_none() {
+                rt.refuse_maintenance();
+                if stopping {
+                    return;
+                }
+                if let Err(e) = follow(&rt, &catalog).await {
+                    tracing::warn!(flow = %rt.flow.name, error = %e, "follow_failed");
+                }
+                if rt.requested.load(std::sync::atomic::Ordering::SeqCst)
+                    > rt.committed.borrow().offset
+                {
+                    // A client waits for a commit another instance makes.
+                    next_start = tokio::time::Instant::now() + Duration::from_millis(200);
+                }
+                continue;
+            }
+        }
         // A commit is CPU-heavy (resolve, Parquet encoding): let the other
         // tasks of this worker (request handlers) move to another thread.
         // A panic inside it is caught: the flow degrades and retries, the
@@ -294,6 +324,28 @@ async fn opened<'a>(
     Ok(engine.as_mut().expect("opened above"))
 }
 
+/// Where another instance commits the flow: the committed offset and
+/// snapshot the target records, for clients that wait for a commit.
+async fn follow(rt: &FlowRuntime, catalog: &Arc<dyn Catalog>) -> Result<()> {
+    let (offset, snapshot_id) =
+        Engine::committed_offset(&rt.flow, catalog.as_ref(), &rt.log_ref).await?;
+    {
+        let mut inner = rt.lock();
+        inner.status.committed_offset = offset;
+        inner.status.applied_offset = inner.status.applied_offset.max(offset);
+        if snapshot_id.is_some() {
+            inner.status.last_snapshot_id = snapshot_id;
+        }
+    }
+    if offset > rt.committed.borrow().offset {
+        rt.committed.send_replace(Committed {
+            offset,
+            snapshot_id,
+        });
+    }
+    Ok(())
+}
+
 /// The text of a caught panic.
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
@@ -463,6 +515,8 @@ async fn commit_once(
     window: Duration,
 ) -> Result<Next> {
     let eng = opened(rt, engine, catalog, faults).await?;
+    rt.reset_offsets(eng.summary().input_offset);
+    rt.catch_up().await?;
     let (batches, last, bytes) = rt.next_run();
     if batches.is_empty() {
         return Ok(Next::Empty);

@@ -713,18 +713,19 @@ async fn post_commit(
 ) -> ApiResult<Json<CommitResponse>> {
     authorize(&service, &headers, Some(&flow))?;
     let rt = service.flow(&flow)?;
-    let target = rt.status().applied_offset.max(0);
-    let pending = rt.status().pending_batches;
-    if pending == 0 {
-        return Ok(Json(CommitResponse {
-            snapshot_id: None,
-            offset: target,
-        }));
-    }
+    let status = rt.status();
+    // Everything logged now (here, or by another instance on a shared
+    // log that this one has seen): wait until the applied offset passes it.
+    let last = (status.applied_offset.max(0) + status.pending_batches as i64)
+        .max(status.wal.next_offset - 1);
     let mut rx = rt.subscribe();
     let before = rx.borrow().snapshot_id;
-    // Everything pending now: wait until the applied offset passes the last one.
-    let last = target + pending as i64;
+    if last <= rx.borrow().offset {
+        return Ok(Json(CommitResponse {
+            snapshot_id: None,
+            offset: rx.borrow().offset.max(0),
+        }));
+    }
     rt.commit_through(last);
     let timeout = service
         .config
@@ -963,6 +964,8 @@ pub struct Running {
     pub service: Arc<Service>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     stop: tokio::sync::watch::Sender<bool>,
+    /// On a shared log: the task that keeps the flows' leases.
+    lease_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Running {
@@ -970,6 +973,9 @@ impl Running {
     pub async fn stop(self) -> crate::Result<()> {
         self.stop.send_replace(true);
         let res = self.server.await;
+        if let Some(t) = self.lease_task {
+            let _ = t.await;
+        }
         self.service.shutdown().await;
         match res {
             Ok(Ok(())) => Ok(()),
@@ -992,17 +998,24 @@ pub async fn start(
     config: crate::config::Config,
     faults: Arc<crate::fault::Faults>,
 ) -> crate::Result<Running> {
-    let logs: Arc<dyn crate::service::wal::LogFactory> = match &config.ingest {
-        crate::config::IngestConfig::Local => Arc::new(crate::service::wal::LocalLogs::new(
-            std::path::Path::new(&config.server.data_dir).join("flows"),
-            faults.clone(),
-        )),
-        crate::config::IngestConfig::Nats(nats) => Arc::new(
-            crate::service::nats_log::NatsLogs::connect(nats, config.server.idempotency_window()?)
-                .await?,
-        ),
-    };
-    start_with_logs(config, faults, logs).await
+    match &config.ingest {
+        crate::config::IngestConfig::Local => {
+            let logs = Arc::new(crate::service::wal::LocalLogs::new(
+                std::path::Path::new(&config.server.data_dir).join("flows"),
+                faults.clone(),
+            ));
+            start_inner(config, faults, logs, None).await
+        }
+        crate::config::IngestConfig::Nats(nats) => {
+            let logs = crate::service::nats_log::NatsLogs::connect(
+                nats,
+                config.server.idempotency_window()?,
+            )
+            .await?;
+            let leases = Arc::new(logs.leases().await?);
+            start_inner(config, faults, Arc::new(logs), Some(leases)).await
+        }
+    }
 }
 
 /// `start` with each flow's ingest log opened by `logs` (the seam for logs
@@ -1011,6 +1024,15 @@ pub async fn start_with_logs(
     config: crate::config::Config,
     faults: Arc<crate::fault::Faults>,
     logs: Arc<dyn crate::service::wal::LogFactory>,
+) -> crate::Result<Running> {
+    start_inner(config, faults, logs, None).await
+}
+
+async fn start_inner(
+    config: crate::config::Config,
+    faults: Arc<crate::fault::Faults>,
+    logs: Arc<dyn crate::service::wal::LogFactory>,
+    leases: Option<Arc<crate::service::lease::Leases>>,
 ) -> crate::Result<Running> {
     let catalog = crate::table::catalog::open(&config.catalog, faults.clone())?;
     let flows = config.flows()?;
@@ -1029,6 +1051,10 @@ pub async fn start_with_logs(
         header_read_timeout: config.server.header_read_timeout()?,
         shutdown_grace: config.server.shutdown_grace()?,
     };
+    let lease_task = leases.map(|l| {
+        service.set_leases(l.clone());
+        tokio::spawn(lease_loop(service.clone(), l, stopped.clone()))
+    });
     let server = tokio::spawn(accept_loop(listener, app, service.clone(), limits, stopped));
     tracing::info!(
         data_dir = %config.server.data_dir,
@@ -1037,6 +1063,9 @@ pub async fn start_with_logs(
     );
     if let Err(e) = service.start(flows).await {
         server.abort();
+        if let Some(t) = lease_task {
+            t.abort();
+        }
         return Err(e);
     }
     tracing::info!("ready");
@@ -1045,7 +1074,42 @@ pub async fn start_with_logs(
         service,
         server,
         stop,
+        lease_task,
     })
+}
+
+/// Renews, takes and gives back the flows' leases every quarter of their
+/// TTL, and wakes a flow's committer when its lease changed hands.
+async fn lease_loop(
+    service: Arc<Service>,
+    leases: Arc<crate::service::lease::Leases>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    // The flows are recovered first: the first round then covers them all.
+    while !service.is_ready() {
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+    loop {
+        let flows = service.flows();
+        let names: Vec<String> = flows.iter().map(|rt| rt.flow.name.clone()).collect();
+        let before: Vec<Option<u64>> = names.iter().map(|n| leases.holds(n)).collect();
+        tokio::select! {
+            _ = leases.tick(&names) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        for ((rt, name), was) in flows.iter().zip(&names).zip(before) {
+            if leases.holds(name) != was {
+                rt.wake();
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(leases.period()) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
 }
 
 struct ConnLimits {

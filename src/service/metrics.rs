@@ -10,7 +10,7 @@ pub fn render(service: &Service) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     type Metric = (&'static str, &'static str, fn(&FlowStatus) -> f64);
-    let counters: [Metric; 39] = [
+    let counters: [Metric; 44] = [
         ("autocdc_rows_in_total", "counter", |s| {
             s.counters.rows_in as f64
         }),
@@ -66,6 +66,22 @@ pub fn render(service: &Service) -> String {
         }),
         ("autocdc_commit_latency_recent_p50_ms", "gauge", |s| {
             s.recent_commit_ms_p50.unwrap_or(0.0)
+        }),
+        ("autocdc_log_append_latency_recent_p50_ms", "gauge", |s| {
+            s.recent_append_ms_p50.unwrap_or(0.0)
+        }),
+        ("autocdc_log_append_latency_recent_p99_ms", "gauge", |s| {
+            s.recent_append_ms_p99.unwrap_or(0.0)
+        }),
+        ("autocdc_log_lag_batches", "gauge", |s| {
+            s.log_lag_batches as f64
+        }),
+        // On a shared log: 1 while this instance holds the flow's lease.
+        ("autocdc_lease_held", "gauge", |s| {
+            s.lease.as_ref().is_some_and(|l| l.held_here) as u8 as f64
+        }),
+        ("autocdc_lease_changes_total", "counter", |s| {
+            s.lease.as_ref().map_or(0, |l| l.changes) as f64
         }),
         ("autocdc_state_keys", "gauge", |s| s.state_keys as f64),
         ("autocdc_committed_offset", "gauge", |s| {

@@ -17,6 +17,7 @@ pub mod dead_letter;
 pub mod http;
 pub mod infer;
 pub mod input;
+pub mod lease;
 pub mod metrics;
 pub mod nats_log;
 pub mod wal;
@@ -86,6 +87,13 @@ pub struct FlowStatus {
     /// Median and 99th percentile of the last 256 commits' durations.
     pub recent_commit_ms_p50: Option<f64>,
     pub recent_commit_ms_p99: Option<f64>,
+    /// Median and 99th percentile of the last 256 appends to the flow's log
+    /// (the wait before a push is acknowledged: an fsync, or a publish
+    /// acknowledged by JetStream).
+    pub recent_append_ms_p50: Option<f64>,
+    pub recent_append_ms_p99: Option<f64>,
+    /// Batches in the log not yet in the target (appended minus committed).
+    pub log_lag_batches: i64,
     /// `from_snapshot` flows: the highest snapshot version accepted (committed or pending).
     pub snapshot_version: Option<i64>,
     /// Records kept in the flow's dead-letter area (`GET .../dead-letters`).
@@ -100,6 +108,8 @@ pub struct FlowStatus {
     /// spec changes committed for this flow since the process started.
     pub schema_evolutions: u64,
     pub maintenance: MaintenanceStatus,
+    /// On a shared log (NATS): the flow's lease, which instance commits it.
+    pub lease: Option<lease::LeaseStatus>,
 }
 
 /// The flow's maintenance as `GET /v1/flows/{flow}` and `/metrics` show it.
@@ -186,9 +196,36 @@ fn decode_record(flow: &Flow, payload: &[u8]) -> Result<(RecordBatch, Option<i64
     }
 }
 
+/// A logged record as a batch; one that no longer decodes (a definition
+/// changed under it, a damaged disk) is set aside in the dead letters and
+/// becomes an empty batch, so its offset is applied as nothing and the flow
+/// moves on.
+fn decode_or_set_aside(
+    flow: &Flow,
+    dead: &crate::service::dead_letter::DeadLetters,
+    r: &crate::service::wal::Record,
+) -> Result<(RecordBatch, Option<i64>)> {
+    match decode_record(flow, &r.payload) {
+        Ok(d) => Ok(d),
+        Err(e) => {
+            dead.put(
+                r.offset,
+                &e,
+                crate::service::dead_letter::Contents::Raw(&r.payload),
+                now_ms(),
+            )?;
+            tracing::error!(flow = %flow.name, offset = r.offset, error = %e, "dead_letter");
+            Ok((RecordBatch::new_empty(flow.source_arrow.clone()), None))
+        }
+    }
+}
+
 struct Inner {
     pending: BTreeMap<i64, Pending>,
     status: FlowStatus,
+    /// Set by `forget_pending`: the offsets are reset from the target
+    /// before anything is queued again.
+    reset: bool,
 }
 
 /// One running flow.
@@ -205,14 +242,19 @@ pub struct FlowRuntime {
     pub commit_hist: Mutex<[u64; COMMIT_BUCKETS.len() + 1]>,
     /// `server.idempotency_window`.
     window: Duration,
-    /// The last `RECENT_COMMITS` commit durations, for the status quantiles.
-    recent_ms: Mutex<std::collections::VecDeque<f64>>,
+    /// The last `RECENT` commit durations, for the status quantiles.
+    recent_commits: Recent,
+    /// The last `RECENT` append durations.
+    recent_appends: Recent,
     /// The highest offset a client asked to have committed now (`/commit`,
     /// `?wait=commit`).
     requested: std::sync::atomic::AtomicI64,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Acknowledged records that can never be applied.
     pub dead: crate::service::dead_letter::DeadLetters,
+    /// On a shared log: who commits this flow. Only the lease's holder
+    /// queues batches and commits; the others log and acknowledge.
+    leases: Option<Arc<lease::Leases>>,
     /// Maintenance runs asked for and not yet started (at most `MAX_MAINTAIN_REQUESTS`).
     maintain_requests: Mutex<Vec<MaintainRequest>>,
 }
@@ -220,7 +262,7 @@ pub struct FlowRuntime {
 const MAX_MAINTAIN_REQUESTS: usize = 16;
 
 pub const COMMIT_BUCKETS: [f64; 8] = [10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0, 30000.0];
-const RECENT_COMMITS: usize = 256;
+const RECENT: usize = 256;
 
 impl FlowRuntime {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -238,18 +280,129 @@ impl FlowRuntime {
             Some(floor) => (now - floor).clamp(0, window),
             None => window,
         };
-        let mut recent: Vec<f64> = self
-            .recent_ms
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .copied()
-            .collect();
-        recent.sort_by(f64::total_cmp);
-        let q = |p: f64| recent.get(((recent.len().max(1) - 1) as f64 * p).round() as usize);
-        s.recent_commit_ms_p50 = q(0.5).copied();
-        s.recent_commit_ms_p99 = q(0.99).copied();
+        (s.recent_commit_ms_p50, s.recent_commit_ms_p99) = self.recent_commits.quantiles();
+        (s.recent_append_ms_p50, s.recent_append_ms_p99) = self.recent_appends.quantiles();
+        s.log_lag_batches = (s.wal.next_offset - 1 - s.committed_offset).max(0);
+        s.lease = self.leases.as_ref().map(|l| l.status(&self.flow.name));
         s
+    }
+
+    /// Queues the records other processes appended to a shared log (none
+    /// for the local one): everything after the contiguous run this
+    /// process holds.
+    pub(crate) async fn catch_up(&self) -> Result<()> {
+        if !self.log.shared() {
+            return Ok(());
+        }
+        let after = {
+            let inner = self.lock();
+            let mut next = inner.status.applied_offset + 1;
+            while inner.pending.contains_key(&next) {
+                next += 1;
+            }
+            next - 1
+        };
+        let records = self.log.replay(after).await?;
+        if let Some(first) = records.first()
+            && first.offset > after + 1
+        {
+            // The log starts past the run: what it released is in the
+            // target (batches that changed nothing leave no snapshot).
+            let mut inner = self.lock();
+            inner.status.applied_offset = inner.status.applied_offset.max(first.offset - 1);
+            let applied = inner.status.applied_offset;
+            let stale: Vec<i64> = inner.pending.range(..=applied).map(|(o, _)| *o).collect();
+            for o in stale {
+                if let Some(p) = inner.pending.remove(&o) {
+                    inner.status.pending_batches -= 1;
+                    inner.status.pending_rows -= p.batch.num_rows() as u64;
+                    inner.status.pending_bytes -= p.bytes;
+                }
+            }
+        }
+        for r in records {
+            let (batch, version) = decode_or_set_aside(&self.flow, &self.dead, &r)?;
+            self.queue(r.offset, batch, r.payload.len() as u64, version, false);
+        }
+        Ok(())
+    }
+
+    /// The flow runs under a lease (a shared log).
+    pub(crate) fn leased(&self) -> bool {
+        self.leases.is_some()
+    }
+
+    /// Wakes the committer (a lease changed hands).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Whether this process commits the flow: always on a log of its own,
+    /// on a shared one while it holds the flow's lease (its epoch then).
+    pub(crate) fn commits_here(&self) -> Option<u64> {
+        match &self.leases {
+            None => Some(0),
+            Some(l) => l.holds(&self.flow.name),
+        }
+    }
+
+    /// Drops what is pending (it stays in the log) and marks the applied
+    /// offset for a reset from the target at the next commit: the lease
+    /// was lost, or taken after another instance committed.
+    pub(crate) fn forget_pending(&self) {
+        let mut inner = self.lock();
+        inner.pending.clear();
+        let s = &mut inner.status;
+        s.pending_batches = 0;
+        s.pending_rows = 0;
+        s.pending_bytes = 0;
+        inner.reset = true;
+    }
+
+    /// After `forget_pending`: the applied and committed offsets are the
+    /// target's.
+    pub(crate) fn reset_offsets(&self, committed: i64) {
+        let mut inner = self.lock();
+        if std::mem::take(&mut inner.reset) {
+            inner.status.applied_offset = committed;
+            inner.status.committed_offset = committed;
+        }
+    }
+
+    /// Puts a logged batch in the pending run, unless it is applied or
+    /// queued already, or another instance commits the flow; `accepted`
+    /// counts it as accepted here.
+    fn queue(
+        &self,
+        offset: i64,
+        batch: RecordBatch,
+        bytes: u64,
+        version: Option<i64>,
+        accepted: bool,
+    ) {
+        let here = self.commits_here().is_some();
+        let mut inner = self.lock();
+        if accepted {
+            inner.status.accepted_batches += 1;
+        }
+        if !here
+            || inner.reset
+            || offset <= inner.status.applied_offset
+            || inner.pending.contains_key(&offset)
+        {
+            return;
+        }
+        inner.status.pending_batches += 1;
+        inner.status.pending_rows += batch.num_rows() as u64;
+        inner.status.pending_bytes += bytes;
+        inner.pending.insert(
+            offset,
+            Pending {
+                batch,
+                bytes,
+                version,
+            },
+        );
     }
 
     /// Counts a request rejected before it reached the log (bad body).
@@ -308,13 +461,39 @@ impl FlowRuntime {
         self.wake.notify_one();
     }
 
-    /// Recent commit durations (ms), oldest first.
     fn record_commit_ms(&self, ms: f64) {
-        let mut r = self.recent_ms.lock().unwrap_or_else(|e| e.into_inner());
-        if r.len() == RECENT_COMMITS {
+        self.recent_commits.push(ms);
+    }
+}
+
+/// The last `RECENT` durations (ms), for the status quantiles.
+#[derive(Default)]
+struct Recent(Mutex<std::collections::VecDeque<f64>>);
+
+impl Recent {
+    fn push(&self, ms: f64) {
+        let mut r = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if r.len() == RECENT {
             r.pop_front();
         }
         r.push_back(ms);
+    }
+
+    /// (p50, p99), none before the first.
+    fn quantiles(&self) -> (Option<f64>, Option<f64>) {
+        let mut v: Vec<f64> = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect();
+        v.sort_by(f64::total_cmp);
+        let q = |p: f64| {
+            v.get(((v.len().max(1) - 1) as f64 * p).round() as usize)
+                .copied()
+        };
+        (q(0.5), q(0.99))
     }
 }
 
@@ -334,6 +513,8 @@ pub struct Service {
     adding_columns: tokio::sync::Mutex<()>,
     /// Client connections (the HTTP layer counts them here).
     pub connections: crate::service::http::Connections,
+    /// On a shared log: the flows' leases (set before `start`).
+    leases: std::sync::OnceLock<Arc<lease::Leases>>,
 }
 
 impl Service {
@@ -378,7 +559,18 @@ impl Service {
             ready: false.into(),
             adding_columns: Default::default(),
             connections: Default::default(),
+            leases: Default::default(),
         }))
+    }
+
+    /// Runs the flows under leases (a shared log): only the holder of a
+    /// flow's lease commits it. Set before `start`.
+    pub fn set_leases(&self, leases: Arc<lease::Leases>) {
+        let _ = self.leases.set(leases);
+    }
+
+    pub fn leases(&self) -> Option<&Arc<lease::Leases>> {
+        self.leases.get()
     }
 
     fn flow_dir(&self, name: &str) -> PathBuf {
@@ -530,6 +722,10 @@ impl Service {
         for rt in self.flows() {
             self.stop_flow(&rt).await;
         }
+        // Committed: another instance may take the flows at once.
+        if let Some(l) = self.leases.get() {
+            l.release_all().await;
+        }
     }
 
     /// Adds `columns` (inferred from a push to an `add_columns` flow) to the
@@ -636,22 +832,7 @@ impl Service {
             self.config.max_dead_letters,
         )?;
         for r in &records {
-            let (batch, version) = match decode_record(&flow, &r.payload) {
-                Ok(d) => d,
-                Err(e) => {
-                    // A record that no longer decodes (a definition changed
-                    // under it, a damaged disk) is set aside; its offset is
-                    // applied as nothing, so the flow moves on.
-                    dead.put(
-                        r.offset,
-                        &e,
-                        crate::service::dead_letter::Contents::Raw(&r.payload),
-                        now_ms(),
-                    )?;
-                    tracing::error!(flow = %flow.name, offset = r.offset, error = %e, "dead_letter");
-                    (RecordBatch::new_empty(flow.source_arrow.clone()), None)
-                }
-            };
+            let (batch, version) = decode_or_set_aside(&flow, &dead, r)?;
             rows_total += batch.num_rows() as u64;
             bytes_total += r.payload.len() as u64;
             snapshot_version = snapshot_version.max(version);
@@ -696,17 +877,23 @@ impl Service {
             flow: flow.clone(),
             log,
             log_ref,
-            inner: Mutex::new(Inner { pending, status }),
+            inner: Mutex::new(Inner {
+                pending,
+                status,
+                reset: false,
+            }),
             wake: Notify::new(),
             committed: committed_tx,
             stop: watch::channel(false).0,
             commit_hist: Mutex::new([0; COMMIT_BUCKETS.len() + 1]),
             window: self.window,
-            recent_ms: Mutex::new(std::collections::VecDeque::with_capacity(RECENT_COMMITS)),
+            recent_commits: Recent::default(),
+            recent_appends: Recent::default(),
             requested: applied.into(),
             task: Mutex::new(None),
             dead,
             maintain_requests: Mutex::new(Vec::new()),
+            leases: self.leases.get().cloned(),
         });
         let task = tokio::spawn(committer::committer(
             rt.clone(),
@@ -836,6 +1023,7 @@ impl Service {
             }
         }
         let rows = batch.num_rows();
+        let started = std::time::Instant::now();
         let appended = match rt.log.append(key, payload, now_ms()).await {
             Err(Error::Overloaded { message, .. }) => {
                 return Err(Error::Overloaded {
@@ -845,6 +1033,8 @@ impl Service {
             }
             r => r?,
         };
+        rt.recent_appends
+            .push(started.elapsed().as_secs_f64() * 1e3);
         // A duplicate this process never queued: a shared log stored an
         // append that was answered 503 (no acknowledgement in time). The
         // stored record is queued, not this request's body, which may
@@ -861,43 +1051,15 @@ impl Service {
         } else {
             None
         };
+        if let Some(((batch, version), bytes)) = stored {
+            rt.queue(appended.offset, batch, bytes as u64, version, true);
+        }
+        if !appended.duplicate {
+            // A retry of a batch that is already committed and released is not re-queued.
+            rt.queue(appended.offset, batch, bytes, version, true);
+        }
         let wake = {
-            let mut inner = rt.lock();
-            if let Some(((batch, version), bytes)) = stored
-                && appended.offset > inner.status.applied_offset
-                && !inner.pending.contains_key(&appended.offset)
-            {
-                let rows = batch.num_rows() as u64;
-                inner.pending.insert(
-                    appended.offset,
-                    Pending {
-                        batch,
-                        bytes: bytes as u64,
-                        version,
-                    },
-                );
-                inner.status.accepted_batches += 1;
-                inner.status.pending_batches += 1;
-                inner.status.pending_rows += rows;
-                inner.status.pending_bytes += bytes as u64;
-            }
-            if !appended.duplicate {
-                inner.status.accepted_batches += 1;
-                // A retry of a batch that is already committed and released is not re-queued.
-                if appended.offset > inner.status.applied_offset {
-                    inner.pending.insert(
-                        appended.offset,
-                        Pending {
-                            batch,
-                            bytes,
-                            version,
-                        },
-                    );
-                    inner.status.pending_batches += 1;
-                    inner.status.pending_rows += rows as u64;
-                    inner.status.pending_bytes += bytes;
-                }
-            }
+            let inner = rt.lock();
             inner.status.pending_rows >= rt.flow.commit.max_rows
                 || inner.status.pending_bytes >= rt.flow.commit.max_bytes
         };

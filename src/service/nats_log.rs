@@ -15,15 +15,16 @@
 //!   `h:<xxh3-128 of the payload>` without one. Within the stream's
 //!   duplicate window (`server.idempotency_window`) a repeat is answered
 //!   with the first publish's sequence and stores nothing.
-//! - The stream never drops what is not committed: it refuses new messages
-//!   when full (`discard = new`, `max_bytes` = the flow's `max_log_bytes`);
-//!   `release` purges committed messages once their window has passed, or
-//!   sooner when the stream nears its bound (as the local log does).
-//!   `ingest.max_age` is the one exception, off by default.
+//! - The stream never drops what is not committed: appends are refused
+//!   (429) once it holds the flow's `max_log_bytes` (checked here, not set
+//!   as the stream's `max_bytes`, which JetStream would reserve on disk for
+//!   every stream); `release` purges committed messages once their window
+//!   has passed, or sooner when the stream nears its bound (as the local
+//!   log does). `ingest.max_age` is the one exception, off by default.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 use bytes::Bytes;
@@ -83,6 +84,26 @@ impl NatsLogs {
         })
     }
 
+    /// The leases of the flows this log serves, in buckets beside the
+    /// streams (`<stream_prefix>_LEASES`, `<stream_prefix>_INSTANCES`).
+    pub async fn leases(&self) -> Result<crate::service::lease::Leases> {
+        let me = match &self.cfg.instance {
+            Some(i) => i.clone(),
+            None => format!(
+                "autocdc-{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..12]
+            ),
+        };
+        crate::service::lease::Leases::open(
+            &self.js,
+            &self.cfg.stream_prefix,
+            self.cfg.replicas,
+            me,
+            self.cfg.lease_ttl()?,
+        )
+        .await
+    }
+
     pub fn stream_name(&self, flow: &str) -> String {
         format!("{}_{flow}", self.cfg.stream_prefix)
     }
@@ -91,7 +112,7 @@ impl NatsLogs {
         format!("{}.{flow}", self.cfg.subject_prefix)
     }
 
-    fn config(&self, flow: &str, max_bytes: Option<u64>) -> stream::Config {
+    fn config(&self, flow: &str) -> stream::Config {
         stream::Config {
             name: self.stream_name(flow),
             subjects: vec![self.subject(flow)],
@@ -100,7 +121,7 @@ impl NatsLogs {
             num_replicas: self.cfg.replicas,
             retention: stream::RetentionPolicy::Limits,
             discard: stream::DiscardPolicy::New,
-            max_bytes: max_bytes.map_or(-1, |b| b.min(i64::MAX as u64) as i64),
+            max_bytes: -1,
             max_age: self.max_age,
             duplicate_window: self.window,
             max_message_size: -1,
@@ -110,8 +131,8 @@ impl NatsLogs {
     }
 
     /// The flow's stream, made if missing and brought to the settings of
-    /// this process (`max_bytes` when given).
-    async fn stream(&self, flow: &str, max_bytes: Option<u64>) -> Result<stream::Stream> {
+    /// this process.
+    async fn stream(&self, flow: &str) -> Result<stream::Stream> {
         let name = self.stream_name(flow);
         match self.js.get_stream(&name).await {
             Ok(mut s) => {
@@ -121,10 +142,7 @@ impl NatsLogs {
                     .map_err(|e| unavailable(&name, e))?
                     .config
                     .clone();
-                let mut want = self.config(flow, max_bytes);
-                if max_bytes.is_none() {
-                    want.max_bytes = have.max_bytes;
-                }
+                let want = self.config(flow);
                 if have.subjects != want.subjects {
                     return Err(Error::Config(format!(
                         "NATS stream `{name}` holds subjects {:?}, not `{}`: it belongs to something else; set ingest.stream_prefix",
@@ -159,7 +177,7 @@ impl NatsLogs {
             }
             Err(e) if not_found(&e) => self
                 .js
-                .create_stream(self.config(flow, max_bytes))
+                .create_stream(self.config(flow))
                 .await
                 .map_err(|e| unavailable(&name, e)),
             Err(e) => Err(unavailable(&name, e)),
@@ -186,14 +204,14 @@ impl LogFactory for NatsLogs {
     /// another log, whose offsets start again.
     async fn identity(&self, flow: &str) -> Result<String> {
         let name = self.stream_name(flow);
-        let mut s = self.stream(flow, None).await?;
+        let mut s = self.stream(flow).await?;
         let info = s.info().await.map_err(|e| unavailable(&name, e))?;
         Ok(format!("nats:{name}:{}", created_nanos(info)))
     }
 
     async fn open(&self, flow: &str, committed: i64, max_bytes: u64) -> Result<Arc<dyn IngestLog>> {
         let name = self.stream_name(flow);
-        let mut s = self.stream(flow, Some(max_bytes)).await?;
+        let mut s = self.stream(flow).await?;
         let state = s
             .info()
             .await
@@ -272,11 +290,7 @@ struct Inner {
     idempotency_floor_ms: Option<i64>,
     failing: bool,
     write_failures: u64,
-    /// Publish round trips (ms), the last `RECENT` of them.
-    recent_publish_ms: std::collections::VecDeque<f64>,
 }
-
-const RECENT: usize = 256;
 
 impl NatsLog {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -296,17 +310,6 @@ impl NatsLog {
                 self.subject
             ),
         }
-    }
-
-    /// Publish round trips of the last appends: (p50, p99) in ms.
-    pub fn publish_ms(&self) -> (Option<f64>, Option<f64>) {
-        let mut v: Vec<f64> = self.lock().recent_publish_ms.iter().copied().collect();
-        v.sort_by(f64::total_cmp);
-        let q = |p: f64| {
-            v.get(((v.len().max(1) - 1) as f64 * p).round() as usize)
-                .copied()
-        };
-        (q(0.5), q(0.99))
     }
 }
 
@@ -339,10 +342,23 @@ impl IngestLog for NatsLog {
             });
         }
         let size = payload.len() as u64;
+        {
+            let g = self.lock();
+            if g.bytes + size > self.max_bytes {
+                return Err(Error::Overloaded {
+                    message: format!(
+                        "its log (NATS stream `{}`) is full: {} of max_log_bytes = {} held by uncommitted or recent batches; retry after a commit",
+                        self.stream.cached_info().config.name,
+                        g.bytes,
+                        self.max_bytes
+                    ),
+                    retry_after_secs: 1,
+                });
+            }
+        }
         let msg = jetstream::message::PublishMessage::build()
             .message_id(message_id(key.as_deref(), &payload))
             .payload(payload);
-        let started = Instant::now();
         let sent = tokio::time::timeout(self.publish_timeout, async {
             self.js.send_publish(self.subject.clone(), msg).await?.await
         })
@@ -374,13 +390,8 @@ impl IngestLog for NatsLog {
             }
             Ok(Ok(ack)) => ack,
         };
-        let ms = started.elapsed().as_secs_f64() * 1e3;
         let offset = ack.sequence as i64;
         let mut g = self.lock();
-        if g.recent_publish_ms.len() == RECENT {
-            g.recent_publish_ms.pop_front();
-        }
-        g.recent_publish_ms.push_back(ms);
         if g.failing {
             tracing::info!(flow = %self.flow, "log_recovered");
         }
@@ -522,6 +533,10 @@ impl IngestLog for NatsLog {
         g.bytes = info.state.bytes;
         g.messages = info.state.messages;
         Ok(())
+    }
+
+    fn shared(&self) -> bool {
+        true
     }
 
     async fn read(&self, offset: i64) -> Result<Option<Record>> {

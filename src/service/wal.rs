@@ -91,6 +91,12 @@ pub trait IngestLog: Send + Sync + std::fmt::Debug {
     async fn read(&self, _offset: i64) -> Result<Option<Record>> {
         Ok(None)
     }
+
+    /// Other processes append to this log too (a shared broker): the
+    /// committer picks their records up with `replay` before each commit.
+    fn shared(&self) -> bool {
+        false
+    }
 }
 
 /// Opens the ingest log of each flow the service runs: the seam where a log

@@ -994,6 +994,29 @@ impl Engine {
 
     /// Opens the flow for commits from one ingest log: the input offset read
     /// and recorded is that log's entry of `autocdc.input-offsets`.
+    /// The offset of `log` the target records, and its current snapshot,
+    /// read from the target's metadata alone (no state): what an instance
+    /// that does not commit a flow reports as committed.
+    pub async fn committed_offset(
+        flow: &Flow,
+        catalog: &dyn Catalog,
+        log: &LogRef,
+    ) -> Result<(i64, Option<i64>)> {
+        let Some(t) = catalog.load_table(&flow.target).await? else {
+            return Ok((0, None));
+        };
+        let (marker, _) = our_latest(&t.metadata, &flow.name);
+        let offsets = offsets::parse(marker.as_ref().and_then(|m| m.get(PROP_INPUT_OFFSETS)))?;
+        let single = marker
+            .as_ref()
+            .and_then(|m| m.get(PROP_INPUT_OFFSET))
+            .and_then(|v| v.parse::<i64>().ok());
+        Ok((
+            offsets::offset_for(&offsets, single, Some(log)),
+            t.metadata.current_snapshot_id(),
+        ))
+    }
+
     pub async fn open_for_log(
         flow: Flow,
         catalog: Arc<dyn Catalog>,

@@ -1,0 +1,305 @@
+//! One committer per flow across the instances that share a NATS JetStream
+//! log: a lease per flow in the key-value bucket `<stream_prefix>_LEASES`.
+//!
+//! API boundary: `Leases::tick` is called on a timer by the service; each
+//! flow's committer only reads `FlowLease::holds` / `epoch`. Nothing here
+//! knows about tables or batches.
+//!
+//! Invariants:
+//! - A lease is taken with `create` (only when the key is absent: never
+//!   held, released, or expired) and renewed with `update` at the revision
+//!   the holder last wrote: both compare-and-set on the server. The bucket's
+//!   `max_age` is the lease's time to live, so a dead holder's lease
+//!   disappears by itself, measured by the server, not by any client clock.
+//! - The epoch is the revision at which the lease was taken: it only grows.
+//! - A holder that could not renew for a whole TTL (NATS unreachable, the
+//!   process paused) stops committing before anyone can have taken over,
+//!   except when the process itself was paused: a commit it resumes loses
+//!   on the catalog's compare-and-swap, and the offsets the target records
+//!   make a repeat harmless.
+//! - Flows spread over the live instances by rendezvous hashing: instances
+//!   announce themselves in `<stream_prefix>_INSTANCES` (same TTL); each
+//!   takes only the flows it ranks first for, gives back the ones it no
+//!   longer ranks first for, and takes any lease that stayed vacant for a
+//!   whole TTL (its first-ranked instance is not taking it).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv};
+use futures::StreamExt;
+
+use crate::error::{Error, Result};
+
+/// What the bucket holds for a flow.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Record {
+    holder: String,
+    epoch: u64,
+}
+
+/// The lease of one flow as this instance sees it.
+#[derive(Debug, Clone, Default, serde::Serialize, utoipa::ToSchema)]
+pub struct LeaseStatus {
+    /// This instance holds it (and may commit).
+    pub held_here: bool,
+    /// The instance that holds it, when known.
+    pub holder: Option<String>,
+    /// The revision at which the holder took it (only grows).
+    pub epoch: Option<u64>,
+    /// Times this instance took or lost this flow's lease.
+    pub changes: u64,
+}
+
+#[derive(Default)]
+struct FlowLease {
+    /// The revision this instance last wrote, while it holds the lease.
+    revision: Option<u64>,
+    epoch: Option<u64>,
+    renewed: Option<Instant>,
+    holder: Option<String>,
+    changes: u64,
+    /// Since when this instance has seen the lease vacant.
+    vacant_since: Option<Instant>,
+}
+
+pub struct Leases {
+    leases: kv::Store,
+    instances: kv::Store,
+    me: String,
+    ttl: Duration,
+    flows: Mutex<HashMap<String, FlowLease>>,
+}
+
+impl Leases {
+    /// Opens (or makes) the two buckets and announces this instance.
+    pub async fn open(
+        js: &jetstream::Context,
+        prefix: &str,
+        replicas: usize,
+        me: String,
+        ttl: Duration,
+    ) -> Result<Leases> {
+        let bucket = |name: &str| kv::Config {
+            bucket: format!("{prefix}_{name}"),
+            history: 1,
+            max_age: ttl,
+            num_replicas: replicas,
+            ..Default::default()
+        };
+        let open = |name: &'static str| {
+            let cfg = bucket(name);
+            async move {
+                match js.get_key_value(cfg.bucket.clone()).await {
+                    Ok(s) => Ok(s),
+                    Err(_) => js.create_key_value(cfg.clone()).await.map_err(|e| {
+                        Error::Unavailable(format!("NATS key-value bucket `{}`: {e}", cfg.bucket))
+                    }),
+                }
+            }
+        };
+        let leases = Leases {
+            leases: open("LEASES").await?,
+            instances: open("INSTANCES").await?,
+            me,
+            ttl,
+            flows: Mutex::new(HashMap::new()),
+        };
+        leases.announce().await?;
+        Ok(leases)
+    }
+
+    pub fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// How often `tick` should run.
+    pub fn period(&self) -> Duration {
+        self.ttl / 4
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, FlowLease>> {
+        self.flows.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn announce(&self) -> Result<()> {
+        self.instances
+            .put(&self.me, bytes::Bytes::from_static(b"{}"))
+            .await
+            .map_err(|e| Error::Unavailable(format!("NATS: announcing this instance: {e}")))?;
+        Ok(())
+    }
+
+    async fn live_instances(&self) -> Result<HashSet<String>> {
+        let mut keys = self
+            .instances
+            .keys()
+            .await
+            .map_err(|e| Error::Unavailable(format!("NATS: listing instances: {e}")))?;
+        let mut out = HashSet::new();
+        while let Some(k) = keys.next().await {
+            out.insert(k.map_err(|e| Error::Unavailable(format!("NATS: listing instances: {e}")))?);
+        }
+        out.insert(self.me.clone());
+        Ok(out)
+    }
+
+    /// The instance that ranks first for `flow` among `live`.
+    fn first_for<'a>(flow: &str, live: &'a HashSet<String>) -> Option<&'a String> {
+        live.iter()
+            .max_by_key(|i| xxhash_rust::xxh3::xxh3_64(format!("{flow}\n{i}").as_bytes()))
+    }
+
+    /// Whether this instance may commit `flow` now: it holds the lease and
+    /// renewed it less than a TTL ago.
+    pub fn holds(&self, flow: &str) -> Option<u64> {
+        let g = self.lock();
+        let l = g.get(flow)?;
+        let fresh = l.renewed.is_some_and(|t| t.elapsed() < self.ttl);
+        l.revision.and(l.epoch).filter(|_| fresh)
+    }
+
+    pub fn status(&self, flow: &str) -> LeaseStatus {
+        let held = self.holds(flow);
+        let g = self.lock();
+        let l = g.get(flow);
+        LeaseStatus {
+            held_here: held.is_some(),
+            holder: l.and_then(|l| l.holder.clone()),
+            epoch: l.and_then(|l| l.epoch),
+            changes: l.map_or(0, |l| l.changes),
+        }
+    }
+
+    /// One round: announce this instance, then renew, take or give back
+    /// each flow's lease. Errors are per flow and logged; the round goes on.
+    pub async fn tick(&self, flows: &[String]) {
+        if let Err(e) = self.announce().await {
+            tracing::warn!(error = %e, "lease_tick_failed");
+            return;
+        }
+        let live = match self.live_instances().await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "lease_tick_failed");
+                return;
+            }
+        };
+        for flow in flows {
+            if let Err(e) = self.tick_flow(flow, &live).await {
+                tracing::warn!(flow = %flow, error = %e, "lease_tick_failed");
+            }
+        }
+    }
+
+    async fn tick_flow(&self, flow: &str, live: &HashSet<String>) -> Result<()> {
+        let first = Self::first_for(flow, live).is_some_and(|i| *i == self.me);
+        let held = self.lock().get(flow).and_then(|l| l.revision);
+        let epoch = self.lock().get(flow).and_then(|l| l.epoch);
+        if let (Some(rev), Some(epoch)) = (held, epoch) {
+            if !first {
+                // Another instance ranks first now: give the flow back.
+                let _ = self.leases.delete_expect_revision(flow, Some(rev)).await;
+                self.lost(flow, "rebalanced");
+                return Ok(());
+            }
+            let value = self.value(epoch)?;
+            match self.leases.update(flow, value, rev).await {
+                Ok(rev) => {
+                    let mut g = self.lock();
+                    let l = g.entry(flow.to_string()).or_default();
+                    l.revision = Some(rev);
+                    l.renewed = Some(Instant::now());
+                }
+                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                    self.lost(flow, "taken");
+                }
+                // Unknown: keep it until the TTL says otherwise (`holds`).
+                Err(e) => return Err(Error::Unavailable(format!("renewing the lease: {e}"))),
+            }
+            return Ok(());
+        }
+        let entry = self
+            .leases
+            .entry(flow)
+            .await
+            .map_err(|e| Error::Unavailable(format!("reading the lease: {e}")))?;
+        let current = entry
+            .filter(|e| e.operation == kv::Operation::Put)
+            .and_then(|e| serde_json::from_slice::<Record>(&e.value).ok());
+        let vacant_long = {
+            let mut g = self.lock();
+            let l = g.entry(flow.to_string()).or_default();
+            l.holder = current.as_ref().map(|r| r.holder.clone());
+            l.epoch = current.as_ref().map(|r| r.epoch);
+            match &current {
+                Some(_) => {
+                    l.vacant_since = None;
+                    false
+                }
+                None => l.vacant_since.get_or_insert_with(Instant::now).elapsed() >= self.ttl,
+            }
+        };
+        if current.is_some() || !(first || vacant_long) {
+            return Ok(());
+        }
+        // Vacant and ours: take it. The epoch is the revision it lands at,
+        // written into the record by the first renewal.
+        match self.leases.create(flow, self.value(0)?).await {
+            Ok(rev) => {
+                let value = self.value(rev)?;
+                let rev =
+                    self.leases.update(flow, value, rev).await.map_err(|e| {
+                        Error::Unavailable(format!("writing the lease's epoch: {e}"))
+                    })?;
+                let mut g = self.lock();
+                let l = g.entry(flow.to_string()).or_default();
+                l.revision = Some(rev);
+                l.epoch = Some(rev);
+                l.renewed = Some(Instant::now());
+                l.holder = Some(self.me.clone());
+                l.changes += 1;
+                l.vacant_since = None;
+                tracing::info!(flow = %flow, epoch = rev, instance = %self.me, "lease_taken");
+            }
+            // Another instance was quicker.
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
+            Err(e) => return Err(Error::Unavailable(format!("taking the lease: {e}"))),
+        }
+        Ok(())
+    }
+
+    fn value(&self, epoch: u64) -> Result<bytes::Bytes> {
+        Ok(serde_json::to_vec(&Record {
+            holder: self.me.clone(),
+            epoch,
+        })?
+        .into())
+    }
+
+    fn lost(&self, flow: &str, why: &str) {
+        let mut g = self.lock();
+        let l = g.entry(flow.to_string()).or_default();
+        if l.revision.take().is_some() {
+            l.changes += 1;
+            l.renewed = None;
+            tracing::warn!(flow = %flow, instance = %self.me, why, "lease_lost");
+        }
+    }
+
+    /// Gives back every lease this instance holds (at shutdown, after the
+    /// last commits), so another instance takes the flows at once.
+    pub async fn release_all(&self) {
+        let held: Vec<(String, u64)> = self
+            .lock()
+            .iter()
+            .filter_map(|(f, l)| l.revision.map(|r| (f.clone(), r)))
+            .collect();
+        for (flow, rev) in held {
+            let _ = self.leases.delete_expect_revision(&flow, Some(rev)).await;
+            self.lost(&flow, "released");
+        }
+        let _ = self.instances.delete(&self.me).await;
+    }
+}
