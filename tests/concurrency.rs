@@ -1,7 +1,8 @@
 //! Other writers and lost answers, on every catalog: a maintenance job that
 //! rewrites the target's files between our commits, another writer
 //! appending rows, a commit whose answer is lost after it landed, and one
-//! that failed before landing. Nothing may be lost or duplicated, and no
+//! that failed before landing; and, at the start, another instance creating
+//! each table just before ours. Nothing may be lost or duplicated, and no
 //! batch may be committed twice.
 //!
 //! The Hadoop catalog runs on local disk; the SQL and REST catalogs on the
@@ -44,6 +45,9 @@ const APPEND_FIRST: u8 = 4;
 struct Unruly {
     inner: Arc<dyn Catalog>,
     next: AtomicU8,
+    /// Another instance creates each table just before we do (two
+    /// instances starting one flow on a shared log).
+    race_create: std::sync::atomic::AtomicBool,
 }
 
 #[async_trait::async_trait]
@@ -61,6 +65,12 @@ impl Catalog for Unruly {
         spec: UnboundPartitionSpec,
         properties: HashMap<String, String>,
     ) -> Result<TableState> {
+        if self.race_create.load(Ordering::SeqCst) {
+            self.inner
+                .create_table(ident, schema.clone(), spec.clone(), properties.clone())
+                .await
+                .unwrap();
+        }
         self.inner
             .create_table(ident, schema, spec, properties)
             .await
@@ -181,9 +191,11 @@ async fn scenario(inner: Arc<dyn Catalog>) {
     let unruly = Arc::new(Unruly {
         inner: inner.clone(),
         next: AtomicU8::new(NOTHING),
+        race_create: true.into(),
     });
     let cat: Arc<dyn Catalog> = unruly.clone();
     let mut engine = open_engine(&cat, &flow).await;
+    unruly.race_create.store(false, Ordering::SeqCst);
     let first: Vec<Ev> = (1..=6).map(|k| u(k, "Leeds", 1)).collect();
     engine.apply(&batch(&flow, &first), 1).await.unwrap();
 

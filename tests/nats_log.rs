@@ -736,3 +736,186 @@ fn a_killed_holders_flows_are_taken_over_and_nothing_acknowledged_is_lost() {
         }
     });
 }
+
+/// `autocdc serve` processes: the holder of a flow is paused (SIGSTOP)
+/// while pushes go on, another instance takes the flow over, then the
+/// paused one resumes (SIGCONT), possibly in the middle of a commit. Its
+/// late commit loses on the catalog or repeats what the target already
+/// records: every acknowledged batch is in the table, once.
+#[test]
+fn a_paused_holder_that_resumes_after_a_takeover_loses_and_doubles_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = prefix();
+    let mut procs = Vec::new();
+    let mut bases = Vec::new();
+    for i in 0..2 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut cfg = on_nats(
+            tmp.path(),
+            &format!("d{i}"),
+            vec![flow_cfg("m", "300ms")],
+            nats(&nats_url(), &p),
+        );
+        cfg.server.listen = format!("127.0.0.1:{port}");
+        let path = tmp.path().join(format!("i{i}.toml"));
+        std::fs::write(&path, toml::to_string(&cfg).unwrap()).unwrap();
+        let log = std::fs::File::create(tmp.path().join(format!("i{i}.log"))).unwrap();
+        procs.push(
+            std::process::Command::new(env!("CARGO_BIN_EXE_autocdc"))
+                .args(["serve", "--config"])
+                .arg(&path)
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        );
+        bases.push(format!("http://127.0.0.1:{port}"));
+    }
+    let signal = |pid: u32, sig: &str| {
+        // The shell's own `kill`: no procps needed.
+        let ok = std::process::Command::new("sh")
+            .args(["-c", &format!("kill {sig} {pid}")])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    rt().block_on(async {
+        let client = reqwest::Client::new();
+        let status = |i: usize| {
+            let client = client.clone();
+            let base = bases[i].clone();
+            async move {
+                let r = client.get(format!("{base}/v1/flows/m")).send().await;
+                match r {
+                    Ok(r) if r.status() == 200 => r.json::<serde_json::Value>().await.ok(),
+                    _ => None,
+                }
+            }
+        };
+        let holder = || async {
+            for _ in 0..200 {
+                for i in 0..2 {
+                    if let Some(s) = status(i).await
+                        && s["status"]["lease"]["held_here"] == true
+                    {
+                        return i;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("nobody holds the lease");
+        };
+        let mut all = Vec::new();
+        let mut n = 0i64;
+        let mut push = |to: usize, rounds: i64| {
+            let mut batches = Vec::new();
+            for _ in 0..rounds {
+                let evs = vec![u(n % 11, "Oslo", n), d((n + 5) % 11, n)];
+                all.extend(evs.clone());
+                batches.push((n, evs));
+                n += 1;
+            }
+            let client = client.clone();
+            let base = bases[to].clone();
+            async move {
+                let mut last = 0;
+                for (k, evs) in batches {
+                    let (s, a) = post(
+                        &client,
+                        &format!("{base}/v1/flows/m/changes"),
+                        "application/x-ndjson",
+                        ndjson(&evs),
+                        Some(&format!("k{k}")),
+                    )
+                    .await;
+                    assert_eq!(s, 202, "{a}");
+                    last = a["offset"].as_i64().unwrap();
+                }
+                last
+            }
+        };
+        for base in &bases {
+            let mut ready = false;
+            for _ in 0..300 {
+                if let Ok(r) = client.get(format!("{base}/readyz")).send().await
+                    && r.status() == 200
+                {
+                    ready = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let logs: Vec<String> = (0..2)
+                .map(|i| {
+                    std::fs::read_to_string(tmp.path().join(format!("i{i}.log")))
+                        .unwrap_or_default()
+                })
+                .collect();
+            assert!(ready, "{base} did not start: {logs:?}");
+        }
+        let h = holder().await;
+        let other = 1 - h;
+        push(h, 10).await;
+        push(other, 10).await;
+        signal(procs[h].id(), "-STOP");
+        let last = push(other, 10).await;
+        // The other instance takes the flow over and commits everything.
+        let mut committed = 0;
+        for _ in 0..200 {
+            committed = status(other)
+                .await
+                .map_or(0, |s| s["status"]["committed_offset"].as_i64().unwrap_or(0));
+            if committed >= last {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            committed >= last,
+            "committed {committed} of {last} while the holder was paused"
+        );
+        signal(procs[h].id(), "-CONT");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let last = push(h, 5).await;
+        let mut done = false;
+        for _ in 0..300 {
+            let c0 = status(0)
+                .await
+                .map_or(0, |s| s["status"]["committed_offset"].as_i64().unwrap_or(0));
+            let c1 = status(1)
+                .await
+                .map_or(0, |s| s["status"]["committed_offset"].as_i64().unwrap_or(0));
+            if c0.max(c1) >= last {
+                done = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            done,
+            "the batches pushed after the pause were not committed"
+        );
+        let (got, want) = (table(tmp.path(), "m").await, expected(&all));
+        assert!(got == want, "table {got:?}, want {want:?}");
+        // One holder at the end.
+        let held = [status(0).await, status(1).await]
+            .iter()
+            .filter(|s| {
+                s.as_ref()
+                    .is_some_and(|s| s["status"]["lease"]["held_here"] == true)
+            })
+            .count();
+        assert_eq!(held, 1);
+    });
+    for p in &mut procs {
+        let _ = std::process::Command::new("sh")
+            .args(["-c", &format!("kill -TERM {}", p.id())])
+            .status();
+        let _ = p.wait();
+    }
+}

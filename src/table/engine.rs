@@ -872,14 +872,14 @@ async fn open_tables(
                 );
                 catalog.drop_table(&state_ident).await?;
             }
-            catalog
-                .create_table(
-                    &flow.target,
-                    flow.target_schema.clone(),
-                    flow.partition_spec.clone().into_unbound(),
-                    target_properties(flow),
-                )
-                .await?
+            create_or_load(
+                catalog,
+                &flow.target,
+                flow.target_schema.clone(),
+                flow.partition_spec.clone().into_unbound(),
+                target_properties(flow),
+            )
+            .await?
         }
     };
     let state_tbl = match state_tbl {
@@ -888,17 +888,36 @@ async fn open_tables(
             let mut props = maintain::created_table_properties();
             props.extend(flow.config.table_properties.clone());
             props.insert(PROP_FLOW.to_string(), flow.name.clone());
-            catalog
-                .create_table(
-                    &state_ident,
-                    state_table::schema(flow)?,
-                    UnboundPartitionSpec::builder().build(),
-                    props,
-                )
-                .await?
+            create_or_load(
+                catalog,
+                &state_ident,
+                state_table::schema(flow)?,
+                UnboundPartitionSpec::builder().build(),
+                props,
+            )
+            .await?
         }
     };
     Ok((target, state_tbl))
+}
+
+/// Creates a table, or loads it when another writer created it first: two
+/// instances starting one flow on a new catalog (a shared log) race here,
+/// and the table the winner made is the one both use.
+async fn create_or_load(
+    catalog: &dyn Catalog,
+    ident: &iceberg::TableIdent,
+    schema: Schema,
+    spec: UnboundPartitionSpec,
+    properties: HashMap<String, String>,
+) -> Result<TableState> {
+    match catalog.create_table(ident, schema, spec, properties).await {
+        Err(Error::CommitConflict(e)) => match catalog.load_table(ident).await? {
+            Some(t) => Ok(t),
+            None => Err(Error::CommitConflict(e)),
+        },
+        r => r,
+    }
 }
 
 /// The state table's rows as of snapshot `sid` (the one the target names).
@@ -911,7 +930,7 @@ async fn read_state(
     state_tbl: &TableState,
     sid: i64,
 ) -> Result<Vec<RecordBatch>> {
-    if state_tbl.metadata.snapshot_by_id(sid).is_none() {
+    let Some(snap) = state_tbl.metadata.snapshot_by_id(sid) else {
         return Err(Error::State {
             code: codes::STATE_SNAPSHOT_MISSING,
             message: format!(
@@ -921,15 +940,11 @@ async fn read_state(
                 flow.name
             ),
         });
-    }
+    };
     // The state table is only appended to and replaced whole: its rows are
     // its data files' rows. They are read here rather than with
     // iceberg-rust's scan, which takes key columns named like its metadata
     // columns (`pos`, `file_path`) for those.
-    let snap = state_tbl
-        .metadata
-        .snapshot_by_id(sid)
-        .expect("checked above");
     let file_io = catalog.file_io();
     let inv = compact::inventory_of(file_io, state_tbl, snap).await?;
     if !inv.pos_deletes.is_empty() || !inv.eq_deletes.is_empty() {
