@@ -97,16 +97,19 @@ weed_up() {
   return 1
 }
 
-weed_down() {
-  if [ -f "$root/weed.pid" ]; then
-    kill "$(cat "$root/weed.pid")" 2>/dev/null || true
+# stop_pid NAME: SIGTERM the process in $root/NAME.pid and wait (10 s at most).
+stop_pid() {
+  if [ -f "$root/$1.pid" ]; then
+    kill "$(cat "$root/$1.pid")" 2>/dev/null || true
     for _ in $(seq 1 50); do
-      kill -0 "$(cat "$root/weed.pid")" 2>/dev/null || break
+      kill -0 "$(cat "$root/$1.pid")" 2>/dev/null || break
       sleep 0.2
     done
-    rm -f "$root/weed.pid"
+    rm -f "$root/$1.pid"
   fi
 }
+
+weed_down() { stop_pid weed; }
 
 nats_up() {
   if [ ! -x "$nats_venv/bin/nats-server" ]; then
@@ -133,16 +136,7 @@ nats_up() {
   return 1
 }
 
-nats_down() {
-  if [ -f "$root/nats.pid" ]; then
-    kill "$(cat "$root/nats.pid")" 2>/dev/null || true
-    for _ in $(seq 1 50); do
-      kill -0 "$(cat "$root/nats.pid")" 2>/dev/null || break
-      sleep 0.1
-    done
-    rm -f "$root/nats.pid"
-  fi
-}
+nats_down() { stop_pid nats; }
 
 print_env() {
   local pg s3 rest nats

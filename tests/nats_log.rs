@@ -71,6 +71,18 @@ fn on_nats(
     cfg
 }
 
+/// Pushes `evs` as NDJSON; the answer, which must be 202.
+async fn push(
+    client: &reqwest::Client,
+    url: &str,
+    evs: &[Ev],
+    key: Option<&str>,
+) -> serde_json::Value {
+    let (s, a) = post(client, url, "application/x-ndjson", ndjson(evs), key).await;
+    assert_eq!(s, 202, "{a}");
+    a
+}
+
 async fn stream_state(url: &str, name: &str) -> async_nats::jetstream::stream::State {
     let client = async_nats::connect(url).await.unwrap();
     let js = async_nats::jetstream::new(client);
@@ -99,38 +111,14 @@ fn acknowledged_batches_survive_the_loss_of_the_machine_that_took_them() {
         ))
         .await;
         let changes = url(&r, "/v1/flows/m/changes");
-        let (s, k1) = post(
-            &client,
-            &changes,
-            "application/x-ndjson",
-            ndjson(&first),
-            Some("k1"),
-        )
-        .await;
-        assert_eq!(s, 202, "{k1}");
+        let k1 = push(&client, &changes, &first, Some("k1")).await;
         // No key: the content hash is the message id.
-        let (s, k2) = post(
-            &client,
-            &changes,
-            "application/x-ndjson",
-            ndjson(&second),
-            None,
-        )
-        .await;
-        assert_eq!(s, 202, "{k2}");
+        let k2 = push(&client, &changes, &second, None).await;
         assert_eq!(
             k2["offset"].as_i64(),
             Some(k1["offset"].as_i64().unwrap() + 1)
         );
-        let (s, again) = post(
-            &client,
-            &changes,
-            "application/x-ndjson",
-            ndjson(&first),
-            Some("k1"),
-        )
-        .await;
-        assert_eq!(s, 202, "{again}");
+        let again = push(&client, &changes, &first, Some("k1")).await;
         assert_eq!(again["duplicate"], true, "{again}");
         assert_eq!(again["offset"], k1["offset"]);
         let status = flow_status(&client, &r, "m").await;
@@ -166,15 +154,7 @@ fn acknowledged_batches_survive_the_loss_of_the_machine_that_took_them() {
         ))
         .await;
         let changes = url(&r, "/v1/flows/m/changes");
-        let (s, again) = post(
-            &client,
-            &changes,
-            "application/x-ndjson",
-            ndjson(&first),
-            Some("k1"),
-        )
-        .await;
-        assert_eq!(s, 202, "{again}");
+        let again = push(&client, &changes, &first, Some("k1")).await;
         assert_eq!(again["duplicate"], true, "{again}");
         assert_eq!(again["offset"], k1["offset"]);
         commit(&client, &r, "m").await;
@@ -197,15 +177,13 @@ fn acknowledged_batches_survive_the_loss_of_the_machine_that_took_them() {
         .await;
         let status = flow_status(&client, &r, "m").await;
         assert_eq!(status["status"]["pending_batches"], 0, "{status}");
-        let (s, b) = post(
+        let b = push(
             &client,
             &url(&r, "/v1/flows/m/changes"),
-            "application/x-ndjson",
-            ndjson(&[u(4, "Bern", 1)]),
+            &[u(4, "Bern", 1)],
             Some("k3"),
         )
         .await;
-        assert_eq!(s, 202, "{b}");
         assert_eq!(
             b["offset"].as_i64(),
             Some(k2["offset"].as_i64().unwrap() + 1)
@@ -246,15 +224,13 @@ fn committed_messages_are_purged_once_their_window_passed() {
         let r = start(cfg).await;
         let changes = url(&r, "/v1/flows/m/changes");
         for i in 0..5 {
-            let (s, a) = post(
+            push(
                 &client,
                 &changes,
-                "application/x-ndjson",
-                ndjson(&[u(i, "Oslo", 1)]),
+                &[u(i, "Oslo", 1)],
                 Some(&format!("k{i}")),
             )
             .await;
-            assert_eq!(s, 202, "{a}");
         }
         commit(&client, &r, "m").await;
         let stream = format!("{p}_m");
@@ -262,15 +238,7 @@ fn committed_messages_are_purged_once_their_window_passed() {
         // are still recognised).
         assert_eq!(stream_state(&url_, &stream).await.messages, 5);
         tokio::time::sleep(Duration::from_millis(1200)).await;
-        let (s, a) = post(
-            &client,
-            &changes,
-            "application/x-ndjson",
-            ndjson(&[u(9, "Rome", 1)]),
-            Some("k9"),
-        )
-        .await;
-        assert_eq!(s, 202, "{a}");
+        push(&client, &changes, &[u(9, "Rome", 1)], Some("k9")).await;
         commit(&client, &r, "m").await;
         let mut st = stream_state(&url_, &stream).await;
         for _ in 0..50 {
@@ -294,15 +262,13 @@ fn committed_messages_are_purged_once_their_window_passed() {
             nats(&url_, &p),
         );
         let r = start(cfg).await;
-        let (s, a) = post(
+        let a = push(
             &client,
             &url(&r, "/v1/flows/m/changes"),
-            "application/x-ndjson",
-            ndjson(&[u(10, "Lima", 1)]),
+            &[u(10, "Lima", 1)],
             None,
         )
         .await;
-        assert_eq!(s, 202, "{a}");
         assert_eq!(a["offset"], 7, "{a}");
         commit(&client, &r, "m").await;
         assert_eq!(table(tmp.path(), "m").await.len(), 7);
@@ -399,15 +365,7 @@ fn a_nats_outage_makes_pushes_503_and_readyz_unready_then_the_flow_goes_on() {
         let client = reqwest::Client::new();
         let r = start(cfg).await;
         let changes = url(&r, "/v1/flows/m/changes");
-        let (s, a) = post(
-            &client,
-            &changes,
-            "application/x-ndjson",
-            ndjson(&[u(1, "Oslo", 1)]),
-            Some("k1"),
-        )
-        .await;
-        assert_eq!(s, 202, "{a}");
+        push(&client, &changes, &[u(1, "Oslo", 1)], Some("k1")).await;
 
         server.kill().unwrap();
         server.wait().unwrap();
@@ -541,26 +499,22 @@ fn two_instances_on_one_flow_both_take_pushes_one_commits_and_the_table_has_each
                 d((i + 3) % 7, i),
             ];
             let (r, other) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
-            let (s, ack) = post(
+            let ack = push(
                 &client,
                 &url(r, "/v1/flows/m/changes"),
-                "application/x-ndjson",
-                ndjson(&evs),
+                &evs,
                 Some(&format!("k{i}")),
             )
             .await;
-            assert_eq!(s, 202, "{ack}");
             assert!(offsets.insert(ack["offset"].as_i64().unwrap()), "{ack}");
             // A retry on the other instance is the same batch.
-            let (s, again) = post(
+            let again = push(
                 &client,
                 &url(other, "/v1/flows/m/changes"),
-                "application/x-ndjson",
-                ndjson(&evs),
+                &evs,
                 Some(&format!("k{i}")),
             )
             .await;
-            assert_eq!(s, 202, "{again}");
             assert_eq!(
                 (again["duplicate"].clone(), again["offset"].clone()),
                 (serde_json::json!(true), ack["offset"].clone())
@@ -648,18 +602,16 @@ fn a_killed_holders_flows_are_taken_over_and_nothing_acknowledged_is_lost() {
         }
         out
     };
-    let push = |batches: Vec<(String, Vec<Ev>, usize)>| async move {
+    let push_all = |batches: Vec<(String, Vec<Ev>, usize)>| async move {
         for (f, evs, i) in batches {
             let key = format!("{f}-{}", evs[0].3);
-            let (s, a) = post(
+            push(
                 client,
                 &format!("{}/v1/flows/{f}/changes", addrs[i]),
-                "application/x-ndjson",
-                ndjson(&evs),
+                &evs,
                 Some(&key),
             )
             .await;
-            assert_eq!(s, 202, "{a}");
         }
     };
     let holders = |alive: Vec<usize>| async move {
@@ -699,7 +651,7 @@ fn a_killed_holders_flows_are_taken_over_and_nothing_acknowledged_is_lost() {
         let spread: std::collections::BTreeSet<usize> = h.values().map(|v| v[0]).collect();
         assert!(spread.len() >= 2, "all flows on one instance: {h:?}");
         for round in 0..5 {
-            push(batches(round, &[0, 1, 2])).await;
+            push_all(batches(round, &[0, 1, 2])).await;
         }
         h["f0"][0]
     });
@@ -707,7 +659,7 @@ fn a_killed_holders_flows_are_taken_over_and_nothing_acknowledged_is_lost() {
     let alive: Vec<usize> = (0..3).filter(|i| *i != victim).collect();
     client_rt.block_on(async {
         for round in 5..10 {
-            push(batches(round, &alive)).await;
+            push_all(batches(round, &alive)).await;
         }
     });
     let all = &all;
@@ -812,7 +764,7 @@ fn a_paused_holder_that_resumes_after_a_takeover_loses_and_doubles_nothing() {
         };
         let mut all = Vec::new();
         let mut n = 0i64;
-        let mut push = |to: usize, rounds: i64| {
+        let mut push_rounds = |to: usize, rounds: i64| {
             let mut batches = Vec::new();
             for _ in 0..rounds {
                 let evs = vec![u(n % 11, "Oslo", n), d((n + 5) % 11, n)];
@@ -825,15 +777,13 @@ fn a_paused_holder_that_resumes_after_a_takeover_loses_and_doubles_nothing() {
             async move {
                 let mut last = 0;
                 for (k, evs) in batches {
-                    let (s, a) = post(
+                    let a = push(
                         &client,
                         &format!("{base}/v1/flows/m/changes"),
-                        "application/x-ndjson",
-                        ndjson(&evs),
+                        &evs,
                         Some(&format!("k{k}")),
                     )
                     .await;
-                    assert_eq!(s, 202, "{a}");
                     last = a["offset"].as_i64().unwrap();
                 }
                 last
@@ -860,10 +810,10 @@ fn a_paused_holder_that_resumes_after_a_takeover_loses_and_doubles_nothing() {
         }
         let h = holder().await;
         let other = 1 - h;
-        push(h, 10).await;
-        push(other, 10).await;
+        push_rounds(h, 10).await;
+        push_rounds(other, 10).await;
         signal(procs[h].id(), "-STOP");
-        let last = push(other, 10).await;
+        let last = push_rounds(other, 10).await;
         // The other instance takes the flow over and commits everything.
         let mut committed = 0;
         for _ in 0..200 {
@@ -881,7 +831,7 @@ fn a_paused_holder_that_resumes_after_a_takeover_loses_and_doubles_nothing() {
         );
         signal(procs[h].id(), "-CONT");
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let last = push(h, 5).await;
+        let last = push_rounds(h, 5).await;
         let mut done = false;
         for _ in 0..300 {
             let c0 = status(0)
