@@ -195,9 +195,8 @@ impl Leases {
 
     async fn tick_flow(&self, flow: &str, live: &HashSet<String>) -> Result<()> {
         let first = Self::first_for(flow, live).is_some_and(|i| *i == self.me);
-        let held = self.lock().get(flow).and_then(|l| l.revision);
-        let epoch = self.lock().get(flow).and_then(|l| l.epoch);
-        if let (Some(rev), Some(epoch)) = (held, epoch) {
+        let held = self.lock().get(flow).and_then(|l| l.revision.zip(l.epoch));
+        if let Some((rev, epoch)) = held {
             if !first {
                 // Another instance ranks first now: give the flow back.
                 let _ = self.leases.delete_expect_revision(flow, Some(rev)).await;

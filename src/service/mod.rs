@@ -1039,7 +1039,9 @@ impl Service {
         // append that was answered 503 (no acknowledgement in time). The
         // stored record is queued, not this request's body, which may
         // differ under a reused key.
-        let stored = if appended.duplicate && {
+        // (Only where it would be queued: another instance's holder reads
+        // it from the log itself.)
+        let stored = if appended.duplicate && rt.commits_here().is_some() && {
             let inner = rt.lock();
             appended.offset > inner.status.applied_offset
                 && !inner.pending.contains_key(&appended.offset)
