@@ -869,3 +869,127 @@ fn a_paused_holder_that_resumes_after_a_takeover_loses_and_doubles_nothing() {
         let _ = p.wait();
     }
 }
+
+/// `GET path` on `r` until its status is `want` (10 s at most); the last
+/// status and body.
+async fn await_status(
+    client: &reqwest::Client,
+    r: &autocdc::service::http::Running,
+    path: &str,
+    want: u16,
+) -> (u16, serde_json::Value) {
+    let mut last = (0, serde_json::Value::Null);
+    for _ in 0..100 {
+        let resp = client.get(url(r, path)).send().await.unwrap();
+        let s = resp.status().as_u16();
+        last = (s, resp.json().await.unwrap_or(serde_json::Value::Null));
+        if s == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    last
+}
+
+/// Flow definitions made over HTTP live in the `<prefix>_FLOWS` bucket:
+/// one instance's `PUT` is seen by the others (and by an instance started
+/// later with an empty data directory), a change made on another instance
+/// replaces the running flow everywhere, and a `DELETE` stops it
+/// everywhere.
+#[test]
+fn a_flow_defined_on_one_instance_is_run_changed_and_deleted_on_every_instance() {
+    rt().block_on(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = prefix();
+        let n = nats(&nats_url(), &p);
+        let client = reqwest::Client::new();
+        let a = start(on_nats(tmp.path(), "a", vec![], n.clone())).await;
+        let b = start(on_nats(tmp.path(), "b", vec![], n.clone())).await;
+        let def = flow_cfg("m", "1s");
+        let resp = client
+            .put(url(&a, "/v1/flows/m"))
+            .json(&def)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 201);
+        let (s, view) = await_status(&client, &b, "/v1/flows/m", 200).await;
+        assert_eq!(s, 200, "B never saw the flow A defined: {view}");
+        assert_eq!(view["definition"]["commit_interval"], "1s", "{view}");
+
+        // Pushed on B, committed by whichever holds the lease.
+        let evs = vec![u(1, "Oslo", 1), u(2, "Rome", 1), d(1, 2)];
+        push(&client, &url(&b, "/v1/flows/m/changes"), &evs, Some("k1")).await;
+        let (s, ack) = post(
+            &client,
+            &(url(&a, "/v1/flows/m/changes") + "?wait=commit"),
+            "application/x-ndjson",
+            ndjson(&[u(3, "Lima", 1)]),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "{ack}");
+        let mut all = evs.clone();
+        all.push(u(3, "Lima", 1));
+        assert_eq!(table(tmp.path(), "m").await, expected(&all));
+
+        // Changed on B: A runs the new definition.
+        let mut changed = def.clone();
+        changed.commit_interval = Some("2s".into());
+        let resp = client
+            .put(url(&b, "/v1/flows/m"))
+            .json(&changed)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        let mut seen = serde_json::Value::Null;
+        for _ in 0..100 {
+            seen = flow_status(&client, &a, "m").await;
+            if seen["definition"]["commit_interval"] == "2s" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(seen["definition"]["commit_interval"], "2s", "{seen}");
+
+        // An instance started later, with nothing on its disk, runs it
+        // from the start, and its table is the same.
+        let c = start(on_nats(tmp.path(), "c", vec![], n.clone())).await;
+        let view = flow_status(&client, &c, "m").await;
+        assert_eq!(view["definition"]["commit_interval"], "2s", "{view}");
+        let (s, ack) = post(
+            &client,
+            &(url(&c, "/v1/flows/m/changes") + "?wait=commit"),
+            "application/x-ndjson",
+            ndjson(&[u(4, "Bern", 1)]),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "{ack}");
+        all.push(u(4, "Bern", 1));
+        assert_eq!(table(tmp.path(), "m").await, expected(&all));
+
+        // Deleted on A: gone everywhere; pushes get 404.
+        let resp = client.delete(url(&a, "/v1/flows/m")).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 204);
+        for r in [&b, &c] {
+            let (s, body) = await_status(&client, r, "/v1/flows/m", 404).await;
+            assert_eq!(s, 404, "{body}");
+        }
+        let (s, body) = post(
+            &client,
+            &url(&b, "/v1/flows/m/changes"),
+            "application/x-ndjson",
+            ndjson(&[u(5, "Kyiv", 1)]),
+            None,
+        )
+        .await;
+        assert_eq!(s, 404, "{body}");
+        // The table stays.
+        assert_eq!(table(tmp.path(), "m").await, expected(&all));
+        for r in [a, b, c] {
+            r.stop().await.unwrap();
+        }
+    });
+}

@@ -966,6 +966,9 @@ pub struct Running {
     stop: tokio::sync::watch::Sender<bool>,
     /// On a shared log: the task that keeps the flows' leases.
     lease_task: Option<tokio::task::JoinHandle<()>>,
+    /// Applies the definitions other instances write (ends at once on the
+    /// local store).
+    definitions_task: tokio::task::JoinHandle<()>,
 }
 
 impl Running {
@@ -976,6 +979,7 @@ impl Running {
         if let Some(t) = self.lease_task {
             let _ = t.await;
         }
+        let _ = self.definitions_task.await;
         self.service.shutdown().await;
         match res {
             Ok(Ok(())) => Ok(()),
@@ -1013,7 +1017,8 @@ pub async fn start(
             )
             .await?;
             let leases = Arc::new(logs.leases().await?);
-            start_inner(config, faults, Arc::new(logs), Some(leases)).await
+            let definitions = Arc::new(logs.definitions().await?);
+            start_inner(config, faults, Arc::new(logs), Some((leases, definitions))).await
         }
     }
 }
@@ -1032,7 +1037,10 @@ async fn start_inner(
     config: crate::config::Config,
     faults: Arc<crate::fault::Faults>,
     logs: Arc<dyn crate::service::wal::LogFactory>,
-    leases: Option<Arc<crate::service::lease::Leases>>,
+    shared: Option<(
+        Arc<crate::service::lease::Leases>,
+        Arc<crate::service::definitions::NatsDefinitions>,
+    )>,
 ) -> crate::Result<Running> {
     let catalog = crate::table::catalog::open(&config.catalog, faults.clone())?;
     let flows = config.flows()?;
@@ -1051,10 +1059,12 @@ async fn start_inner(
         header_read_timeout: config.server.header_read_timeout()?,
         shutdown_grace: config.server.shutdown_grace()?,
     };
-    let lease_task = leases.map(|l| {
+    let lease_task = shared.map(|(l, d)| {
         service.set_leases(l.clone());
+        service.set_definitions(d);
         tokio::spawn(lease_loop(service.clone(), l, stopped.clone()))
     });
+    let definitions_stop = stopped.clone();
     let server = tokio::spawn(accept_loop(listener, app, service.clone(), limits, stopped));
     tracing::info!(
         data_dir = %config.server.data_dir,
@@ -1068,6 +1078,7 @@ async fn start_inner(
         }
         return Err(e);
     }
+    let definitions_task = tokio::spawn(service.clone().follow_definitions(definitions_stop));
     tracing::info!("ready");
     Ok(Running {
         addr,
@@ -1075,6 +1086,7 @@ async fn start_inner(
         server,
         stop,
         lease_task,
+        definitions_task,
     })
 }
 

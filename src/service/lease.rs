@@ -287,6 +287,17 @@ impl Leases {
         }
     }
 
+    /// Gives back `flow`'s lease if this instance holds it (the flow was
+    /// deleted, after its last commit).
+    pub async fn release(&self, flow: &str) {
+        let held = self.lock().get(flow).and_then(|l| l.revision);
+        if let Some(rev) = held {
+            let _ = self.leases.delete_expect_revision(flow, Some(rev)).await;
+            self.lost(flow, "released");
+        }
+        self.lock().remove(flow);
+    }
+
     /// Gives back every lease this instance holds (at shutdown, after the
     /// last commits), so another instance takes the flows at once.
     pub async fn release_all(&self) {

@@ -14,6 +14,7 @@
 
 mod committer;
 pub mod dead_letter;
+pub mod definitions;
 pub mod http;
 pub mod infer;
 pub mod input;
@@ -38,6 +39,7 @@ use crate::core::offsets::LogRef;
 use crate::core::resolve::{self, BatchStats};
 use crate::error::{Error, Result, codes};
 use crate::fault::Faults;
+use crate::service::definitions::{Definitions, LocalDefinitions};
 use crate::service::wal::{IngestLog, LocalLogs, LogFactory, LogStats};
 use crate::table::catalog::Catalog;
 use crate::table::engine::Engine;
@@ -231,6 +233,8 @@ struct Inner {
 /// One running flow.
 pub struct FlowRuntime {
     pub flow: Flow,
+    /// The definition as stored (`flow` may have columns the target added).
+    defined: FlowConfig,
     log: Arc<dyn IngestLog>,
     /// The log's identity: the target records its committed offset under it.
     log_ref: LogRef,
@@ -515,6 +519,14 @@ pub struct Service {
     pub connections: crate::service::http::Connections,
     /// On a shared log: the flows' leases (set before `start`).
     leases: std::sync::OnceLock<Arc<lease::Leases>>,
+    /// Where definitions made over HTTP are kept (`flow.json` files in
+    /// `data_dir` unless set before `start`).
+    definitions: std::sync::OnceLock<Arc<dyn Definitions>>,
+    /// Held while a definition changes (`PUT`, `DELETE`, or one another
+    /// instance made); the revision of each flow's definition applied.
+    defining: tokio::sync::Mutex<HashMap<String, u64>>,
+    /// The definitions' revision `start` loaded.
+    loaded_revision: std::sync::atomic::AtomicU64,
 }
 
 impl Service {
@@ -560,6 +572,9 @@ impl Service {
             adding_columns: Default::default(),
             connections: Default::default(),
             leases: Default::default(),
+            definitions: Default::default(),
+            defining: Default::default(),
+            loaded_revision: Default::default(),
         }))
     }
 
@@ -573,20 +588,31 @@ impl Service {
         self.leases.get()
     }
 
+    /// Keeps definitions made over HTTP in `definitions` (shared by the
+    /// instances of a NATS log). Set before `start`.
+    pub fn set_definitions(&self, definitions: Arc<dyn Definitions>) {
+        let _ = self.definitions.set(definitions);
+    }
+
+    fn definitions(&self) -> &Arc<dyn Definitions> {
+        self.definitions
+            .get_or_init(|| Arc::new(LocalDefinitions::new(self.data_dir.join("flows"))))
+    }
+
     fn flow_dir(&self, name: &str) -> PathBuf {
         self.data_dir.join("flows").join(name)
     }
 
     /// Starts the flows of the config file and those created over HTTP
-    /// earlier (persisted in `data_dir`), recovering each from its log.
+    /// earlier (kept by `definitions`), recovering each from its log.
     pub async fn start(self: &Arc<Self>, configured: Vec<Flow>) -> Result<()> {
+        let loaded = self.definitions().load().await?;
         let mut flows: HashMap<String, Flow> = HashMap::new();
-        for entry in std::fs::read_dir(self.data_dir.join("flows"))? {
-            let path = entry?.path().join("flow.json");
-            if let Ok(text) = std::fs::read_to_string(&path) {
-                let cfg: FlowConfig = serde_json::from_str(&text)
-                    .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        {
+            let mut defining = self.defining.lock().await;
+            for (cfg, revision) in loaded.flows {
                 let flow = Flow::new(cfg)?;
+                defining.insert(flow.name.clone(), revision);
                 flows.insert(flow.name.clone(), flow);
             }
         }
@@ -596,8 +622,95 @@ impl Service {
         for (_, flow) in flows {
             self.start_flow(flow).await?;
         }
+        self.loaded_revision
+            .store(loaded.revision, std::sync::atomic::Ordering::SeqCst);
         self.ready.store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Applies the definitions other instances write, until `stop`; returns
+    /// at once when no other instance can write them (the local store).
+    pub async fn follow_definitions(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let from = self
+            .loaded_revision
+            .load(std::sync::atomic::Ordering::SeqCst);
+        let mut changes = match self.definitions().watch(from).await {
+            Ok(Some(c)) => c,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "definitions_watch_failed");
+                return;
+            }
+        };
+        use futures::StreamExt;
+        loop {
+            let change = tokio::select! {
+                c = changes.next() => c,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            match change {
+                Some(Ok(c)) => self.apply_definition(c).await,
+                Some(Err(e)) => tracing::warn!(error = %e, "definitions_watch_failed"),
+                None => return,
+            }
+        }
+    }
+
+    /// Applies a definition written or removed by any instance (this one's
+    /// own changes come back too, and are skipped by their revision).
+    async fn apply_definition(self: &Arc<Self>, change: definitions::Change) {
+        use definitions::Change;
+        let mut defining = self.defining.lock().await;
+        let (name, revision) = match &change {
+            Change::Put { flow, revision, .. } | Change::Removed { flow, revision } => {
+                (flow.clone(), *revision)
+            }
+        };
+        if defining.get(&name).is_some_and(|r| *r >= revision) {
+            return;
+        }
+        defining.insert(name.clone(), revision);
+        let running = self.flow(&name).ok();
+        match change {
+            Change::Put { config: None, .. } => {
+                tracing::error!(flow = %name, revision, "flow_definition_unreadable");
+            }
+            Change::Put {
+                config: Some(cfg), ..
+            } => {
+                let cfg = *cfg;
+                if running.as_ref().is_some_and(|rt| rt.defined == cfg) {
+                    return;
+                }
+                let flow = match Flow::new(cfg) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        tracing::error!(flow = %name, revision, error = %e, "flow_definition_not_applied");
+                        return;
+                    }
+                };
+                if let Some(old) = &running {
+                    self.stop_flow(old).await;
+                }
+                match self.start_flow(flow).await {
+                    Ok(_) => tracing::info!(flow = %name, revision, "flow_definition_applied"),
+                    Err(e) => {
+                        tracing::error!(flow = %name, revision, error = %e, "flow_definition_not_applied");
+                        if let Some(old) = running
+                            && let Err(e) = self.start_flow(old.flow.clone()).await
+                        {
+                            tracing::error!(flow = %name, error = %e, "flow_restart_failed");
+                        }
+                    }
+                }
+            }
+            Change::Removed { .. } => {
+                if let Some(rt) = running {
+                    self.forget_flow(&rt).await;
+                    tracing::info!(flow = %name, revision, "flow_definition_removed");
+                }
+            }
+        }
     }
 
     pub fn is_ready(&self) -> bool {
@@ -658,49 +771,61 @@ impl Service {
         // The existing target refuses a drifted definition here, before the
         // running flow is touched (without reading the state a second time).
         Engine::check_target(&flow, self.catalog.as_ref()).await?;
+        let mut defining = self.defining.lock().await;
         let old = self.flow(&flow.name).ok();
         if let Some(old) = &old {
             self.stop_flow(old).await;
         }
-        self.persist(&flow.name, &cfg)?;
-        match self.start_flow(flow.clone()).await {
-            Ok(rt) => Ok(rt),
+        let stored = match self.start_flow_defined(flow.clone(), cfg.clone()).await {
+            Ok(rt) => self.definitions().put(&cfg).await.map(|rev| (rt, rev)),
+            Err(e) => Err(e),
+        };
+        match stored {
+            Ok((rt, revision)) => {
+                defining.insert(flow.name.clone(), revision);
+                Ok(rt)
+            }
             Err(e) => {
-                // Put the previous definition back (or none).
-                match old {
-                    Some(old) => {
-                        self.persist(&old.flow.name, &old.flow.config)?;
-                        self.start_flow(old.flow.clone()).await?;
-                    }
-                    None => {
-                        let _ = std::fs::remove_file(self.flow_dir(&flow.name).join("flow.json"));
-                    }
+                // Put the previous flow back (or none).
+                if let Ok(new) = self.flow(&flow.name) {
+                    self.stop_flow(&new).await;
+                    self.flows
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&flow.name);
+                }
+                if let Some(old) = old {
+                    self.start_flow_defined(old.flow.clone(), old.defined.clone())
+                        .await?;
                 }
                 Err(e)
             }
         }
     }
 
-    fn persist(&self, name: &str, cfg: &FlowConfig) -> Result<()> {
-        let dir = self.flow_dir(name);
-        std::fs::create_dir_all(&dir)?;
-        let tmp = dir.join("flow.json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(cfg)?)?;
-        std::fs::rename(&tmp, dir.join("flow.json"))?;
+    /// Stops a flow (committing what is pending) and forgets its definition;
+    /// the table and the log stay.
+    pub async fn delete_flow(&self, name: &str) -> Result<()> {
+        let mut defining = self.defining.lock().await;
+        let rt = self.flow(name)?;
+        let revision = self.definitions().remove(name).await?;
+        defining.insert(name.to_string(), revision);
+        self.forget_flow(&rt).await;
         Ok(())
     }
 
-    /// Stops a flow (committing what is pending) and forgets its definition;
-    /// the table and the log directory stay.
-    pub async fn delete_flow(&self, name: &str) -> Result<()> {
-        let rt = self.flow(name)?;
-        self.stop_flow(&rt).await;
-        let _ = std::fs::remove_file(self.flow_dir(name).join("flow.json"));
-        self.flows
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
-        Ok(())
+    /// Stops `rt` and drops it (and its lease, once committed).
+    async fn forget_flow(&self, rt: &Arc<FlowRuntime>) {
+        self.stop_flow(rt).await;
+        {
+            let mut flows = self.flows.write().unwrap_or_else(|e| e.into_inner());
+            if flows.get(&rt.flow.name).is_some_and(|f| Arc::ptr_eq(f, rt)) {
+                flows.remove(&rt.flow.name);
+            }
+        }
+        if let Some(l) = self.leases.get() {
+            l.release(&rt.flow.name).await;
+        }
     }
 
     async fn stop_flow(&self, rt: &Arc<FlowRuntime>) {
@@ -804,6 +929,16 @@ impl Service {
     }
 
     async fn start_flow(self: &Arc<Self>, flow: Flow) -> Result<Arc<FlowRuntime>> {
+        let defined = flow.config.clone();
+        self.start_flow_defined(flow, defined).await
+    }
+
+    /// Starts `flow`, whose definition as stored is `defined`.
+    async fn start_flow_defined(
+        self: &Arc<Self>,
+        flow: Flow,
+        defined: FlowConfig,
+    ) -> Result<Arc<FlowRuntime>> {
         let flow = self.with_target_columns(flow).await?;
         let log_ref = LogRef {
             id: self.logs.identity(&flow.name).await?,
@@ -875,6 +1010,7 @@ impl Service {
         });
         let rt = Arc::new(FlowRuntime {
             flow: flow.clone(),
+            defined,
             log,
             log_ref,
             inner: Mutex::new(Inner {

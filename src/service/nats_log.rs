@@ -104,6 +104,16 @@ impl NatsLogs {
         .await
     }
 
+    /// The flow definitions every instance shares.
+    pub async fn definitions(&self) -> Result<crate::service::definitions::NatsDefinitions> {
+        crate::service::definitions::NatsDefinitions::open(
+            &self.js,
+            &self.cfg.stream_prefix,
+            self.cfg.replicas,
+        )
+        .await
+    }
+
     pub fn stream_name(&self, flow: &str) -> String {
         format!("{}_{flow}", self.cfg.stream_prefix)
     }
