@@ -196,6 +196,7 @@ pub mod codes {
     pub const WAL_CLOSED: &str = "AUTOCDC_WAL.CLOSED";
     pub const WAL_CORRUPT: &str = "AUTOCDC_WAL.CORRUPT";
     pub const COMMITTER_PANIC: &str = "AUTOCDC_COMMITTER_PANIC";
+    pub const LEASE_LOST: &str = "AUTOCDC_LEASE_LOST";
 
     // The stored tables disagree with the flow, or with each other.
     pub const KEY_SCHEMA_DRIFT: &str = "AUTOCDC_INVALID_STATE.KEY_SCHEMA_DRIFT";
@@ -311,6 +312,7 @@ pub const REGISTRY: &[CodeInfo] = {
         info(REOPEN, 500, "the state and target disagree after a reopen"),
         info(COMMIT_CONFLICT, 500, "another writer kept committing first and the retries ran out"),
         info(COMMITTER_PANIC, 500, "a commit (or a maintenance run) panicked; the flow is degraded and retries (the run is reported failed)"),
+        info(LEASE_LOST, 409, "on a shared log: another instance committed the flow under a newer lease; this one stops committing it (the new holder replays the batch)"),
         info(WRITE_EMPTY_FILE, 500, "a data file came out empty (a bug: report it)"),
         info(CONFIG, 400, "a config file or setting that cannot be used"),
         info(DEMO_MISMATCH, 500, "`autocdc demo`'s table differs from its oracle (CLI only)"),

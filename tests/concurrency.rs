@@ -336,3 +336,77 @@ fn other_writers_and_lost_answers_on_the_rest_catalog() {
         scenario(Arc::new(RestCatalog::new(&cfg).unwrap())).await;
     });
 }
+
+/// The lease epoch is a fencing token: once an instance committed under a
+/// newer epoch, an instance still holding an older one (deposed while
+/// paused) gets `AUTOCDC_LEASE_LOST` and changes nothing, whether its
+/// engine's view of the target is stale (it loses the compare-and-swap
+/// first) or fresh.
+#[test]
+fn a_commit_under_an_older_lease_epoch_is_refused_and_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let cat: Arc<dyn Catalog> = Arc::new(
+            HadoopCatalog::new(
+                tmp.path().to_str().unwrap(),
+                None,
+                Arc::new(Faults::default()),
+            )
+            .unwrap(),
+        );
+        let flow = flow_in(&unique("fence"));
+        let mut old = open_engine(&cat, &flow).await;
+        old.set_lease("a", 5);
+        old.apply_at(&batch(&flow, &[u(1, "Oslo", 1)]), 1, 1)
+            .await
+            .unwrap();
+        assert_eq!(
+            snapshot_property(&old, "autocdc.lease-epoch").as_deref(),
+            Some("5")
+        );
+        assert_eq!(
+            snapshot_property(&old, "autocdc.committer").as_deref(),
+            Some("a")
+        );
+
+        let mut new = open_engine(&cat, &flow).await;
+        new.set_lease("b", 9);
+        new.apply_at(&batch(&flow, &[u(2, "Rome", 1)]), 2, 2)
+            .await
+            .unwrap();
+        let rows = table_rows(&new).await;
+        let snapshots = new.target().metadata.snapshots().count();
+
+        // Stale view: the commit loses the race, reloads, sees epoch 9.
+        let err = old
+            .apply_at(&batch(&flow, &[u(3, "Lima", 1)]), 3, 3)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "AUTOCDC_LEASE_LOST", "{err}");
+        assert!(err.to_string().contains("`b`"), "{err}");
+        // Fresh view (reopened after the race): refused before any file.
+        let mut reopened = open_engine(&cat, &flow).await;
+        reopened.set_lease("a", 5);
+        let err = reopened
+            .apply_at(&batch(&flow, &[u(4, "Bern", 1)]), 4, 4)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "AUTOCDC_LEASE_LOST", "{err}");
+
+        let after = open_engine(&cat, &flow).await;
+        assert_eq!(after.target().metadata.snapshots().count(), snapshots);
+        assert_eq!(table_rows(&after).await, rows);
+        assert_eq!(
+            autocdc::table::engine::Engine::lease_of(&after.target().metadata),
+            Some((9, "b".to_string()))
+        );
+        // The same epoch (the holder itself) and a newer one go on.
+        let mut newest = open_engine(&cat, &flow).await;
+        newest.set_lease("c", 12);
+        newest
+            .apply_at(&batch(&flow, &[u(5, "Kyiv", 1)]), 5, 5)
+            .await
+            .unwrap();
+        assert_eq!(table_rows(&newest).await.len(), rows.len() + 1);
+    });
+}

@@ -83,6 +83,51 @@ async fn push(
     a
 }
 
+/// The (epoch, instance) of each of `flow`'s snapshots that records a
+/// lease, in commit order, after asserting the table's history shows one
+/// holder at a time: epochs never go down, and each epoch is one
+/// instance's.
+async fn one_holder_at_a_time(dir: &std::path::Path, flow: &str) -> Vec<(u64, String)> {
+    use autocdc::table::catalog::Catalog;
+    let cat = autocdc::table::catalog::hadoop::HadoopCatalog::new(
+        dir.join("wh").to_str().unwrap(),
+        None,
+        std::sync::Arc::new(autocdc::fault::Faults::default()),
+    )
+    .unwrap();
+    let ident = autocdc::core::flow::parse_table_ident(flow, &format!("crm.{flow}")).unwrap();
+    let t = cat.load_table(&ident).await.unwrap().unwrap();
+    let mut snaps: Vec<_> = t.metadata.snapshots().collect();
+    snaps.sort_by_key(|s| s.sequence_number());
+    let mut out: Vec<(u64, String)> = Vec::new();
+    for s in snaps {
+        let props = &s.summary().additional_properties;
+        let (Some(e), Some(who)) = (
+            props.get("autocdc.lease-epoch"),
+            props.get("autocdc.committer"),
+        ) else {
+            continue;
+        };
+        let e: u64 = e.parse().unwrap();
+        if let Some((last, by)) = out.last() {
+            assert!(
+                e >= *last,
+                "{flow}: epoch {e} by {who} after {last} by {by}: {out:?}"
+            );
+            assert!(
+                e > *last || who == by,
+                "{flow}: epoch {e} by {who} and {by}"
+            );
+            if e == *last {
+                continue;
+            }
+        }
+        out.push((e, who.clone()));
+    }
+    assert!(!out.is_empty(), "{flow}: no snapshot records its lease");
+    out
+}
+
 async fn stream_state(url: &str, name: &str) -> async_nats::jetstream::stream::State {
     let client = async_nats::connect(url).await.unwrap();
     let js = async_nats::jetstream::new(client);
@@ -685,6 +730,7 @@ fn a_killed_holders_flows_are_taken_over_and_nothing_acknowledged_is_lost() {
             }
             assert_eq!(status["status"]["committed_offset"], 10, "{f}: {status}");
             assert_eq!(table(tmp.path(), f).await, expected(&all[f]), "{f}");
+            one_holder_at_a_time(tmp.path(), f).await;
         }
     });
 }
@@ -852,6 +898,10 @@ fn a_paused_holder_that_resumes_after_a_takeover_loses_and_doubles_nothing() {
         );
         let (got, want) = (table(tmp.path(), "m").await, expected(&all));
         assert!(got == want, "table {got:?}, want {want:?}");
+        // The paused holder's late commit, if any, was fenced: one holder
+        // at a time in the table's history, and both held the flow.
+        let holders = one_holder_at_a_time(tmp.path(), "m").await;
+        assert!(holders.len() >= 2, "{holders:?}");
         // One holder at the end.
         let held = [status(0).await, status(1).await]
             .iter()

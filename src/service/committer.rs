@@ -113,6 +113,16 @@ pub(super) async fn committer(
                     rt.wake.notify_one();
                 }
             }
+            Err(e) if e.code() == codes::LEASE_LOST => {
+                // Another instance took the flow over and committed: give
+                // the lease up here and follow (no degraded state: nothing
+                // is wrong with the flow).
+                tracing::warn!(flow = %rt.flow.name, error = %e, "commit_fenced");
+                engine = None;
+                if let Some(l) = &rt.leases {
+                    l.lost(&rt.flow.name, "fenced");
+                }
+            }
             Err(e) => {
                 {
                     let mut inner = rt.lock();
@@ -515,6 +525,13 @@ async fn commit_once(
     window: Duration,
 ) -> Result<Next> {
     let eng = opened(rt, engine, catalog, faults).await?;
+    if let Some(l) = &rt.leases {
+        match l.holds(&rt.flow.name) {
+            Some(epoch) => eng.set_lease(l.me(), epoch),
+            // Lost since the loop looked: the next round follows.
+            None => return Ok(Next::Empty),
+        }
+    }
     rt.reset_offsets(eng.summary().input_offset);
     rt.catch_up().await?;
     let (batches, last, bytes) = rt.next_run();

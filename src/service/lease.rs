@@ -198,9 +198,10 @@ impl Leases {
         let held = self.lock().get(flow).and_then(|l| l.revision.zip(l.epoch));
         if let Some((rev, epoch)) = held {
             if !first {
-                // Another instance ranks first now: give the flow back.
-                let _ = self.leases.delete_expect_revision(flow, Some(rev)).await;
+                // Another instance ranks first now: stop committing, then
+                // give the flow back.
                 self.lost(flow, "rebalanced");
+                let _ = self.leases.delete_expect_revision(flow, Some(rev)).await;
                 return Ok(());
             }
             let value = self.value(epoch)?;
@@ -277,7 +278,7 @@ impl Leases {
         .into())
     }
 
-    fn lost(&self, flow: &str, why: &str) {
+    pub(crate) fn lost(&self, flow: &str, why: &str) {
         let mut g = self.lock();
         let l = g.entry(flow.to_string()).or_default();
         if l.revision.take().is_some() {
@@ -292,8 +293,8 @@ impl Leases {
     pub async fn release(&self, flow: &str) {
         let held = self.lock().get(flow).and_then(|l| l.revision);
         if let Some(rev) = held {
-            let _ = self.leases.delete_expect_revision(flow, Some(rev)).await;
             self.lost(flow, "released");
+            let _ = self.leases.delete_expect_revision(flow, Some(rev)).await;
         }
         self.lock().remove(flow);
     }
@@ -307,8 +308,8 @@ impl Leases {
             .filter_map(|(f, l)| l.revision.map(|r| (f.clone(), r)))
             .collect();
         for (flow, rev) in held {
-            let _ = self.leases.delete_expect_revision(&flow, Some(rev)).await;
             self.lost(&flow, "released");
+            let _ = self.leases.delete_expect_revision(&flow, Some(rev)).await;
         }
         let _ = self.instances.delete(&self.me).await;
     }

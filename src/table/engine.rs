@@ -59,6 +59,11 @@ pub const PROP_TRACK_HISTORY: &str = "autocdc.track-history";
 /// were folded, a JSON list of names. Absent on targets of earlier
 /// versions: every value column with `ignore_null_updates`, else none.
 pub const PROP_IGNORE_NULLS: &str = "autocdc.ignore-null-columns";
+/// On a shared log: the instance that made the snapshot and the epoch of
+/// the lease it held. A commit under an older epoch than the target's is
+/// refused (`AUTOCDC_LEASE_LOST`): the epoch is a fencing token.
+pub const PROP_COMMITTER: &str = "autocdc.committer";
+pub const PROP_LEASE_EPOCH: &str = "autocdc.lease-epoch";
 
 /// The snapshot a commit makes of the target.
 enum Mode {
@@ -352,6 +357,8 @@ pub struct Engine {
     state_log_rows: u64,
     /// Set while a commit is under way; an engine whose commit failed must be reopened.
     poisoned: bool,
+    /// On a shared log: this instance and the epoch of its lease.
+    lease: Option<(String, u64)>,
     /// Groups new rows by partition; None for an unpartitioned target.
     partitioner: Option<Arc<Partitioner>>,
     /// Every partition source column is a key column, so a key alone tells
@@ -1116,6 +1123,7 @@ impl Engine {
             offsets,
             state_log_rows,
             poisoned: false,
+            lease: None,
             flow,
         };
         if foreign || !engine.state_complete {
@@ -1522,13 +1530,60 @@ impl Engine {
 
     /// This flow's engine opened afresh from the catalog.
     async fn reopen(&self) -> Result<Engine> {
-        Engine::open_for_log(
+        let mut fresh = Engine::open_for_log(
             self.flow.clone(),
             self.catalog.clone(),
             self.faults.clone(),
             self.log.clone(),
         )
-        .await
+        .await?;
+        fresh.lease = self.lease.clone();
+        Ok(fresh)
+    }
+
+    /// Commits from now on under `instance`'s lease at `epoch` (a shared
+    /// log): recorded in each snapshot's summary, and refused once the
+    /// target has a snapshot of a newer epoch.
+    pub fn set_lease(&mut self, instance: &str, epoch: u64) {
+        self.lease = Some((instance.to_string(), epoch));
+    }
+
+    /// `AUTOCDC_LEASE_LOST` when the target has a snapshot of a newer lease
+    /// epoch than this engine's: another instance took the flow over.
+    fn fenced(&self) -> Result<()> {
+        if let Some((_, ours)) = &self.lease
+            && let Some((theirs, who)) = Engine::lease_of(&self.target.metadata)
+            && theirs > *ours
+        {
+            return Err(Error::State {
+                code: codes::LEASE_LOST,
+                message: format!(
+                    "flow `{}`: instance `{who}` committed under lease epoch {theirs}; this instance's epoch {ours} is over, so it does not commit",
+                    self.flow.name
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The lease epoch of the target's latest snapshot that records one
+    /// (maintenance snapshots do not), and who held it.
+    pub fn lease_of(metadata: &TableMetadata) -> Option<(u64, String)> {
+        let mut snap = metadata.current_snapshot();
+        // Bounded: snapshots expire, and a parent chain has no cycles, but
+        // a hand-edited table might.
+        for _ in 0..10_000 {
+            let s = snap?;
+            let props = &s.summary().additional_properties;
+            if let Some(e) = props.get(PROP_LEASE_EPOCH).and_then(|e| e.parse().ok()) {
+                let who = props.get(PROP_COMMITTER).cloned().unwrap_or_default();
+                return Some((e, who));
+            }
+            snap = s
+                .parent_snapshot_id()
+                .and_then(|p| metadata.snapshot_by_id(p));
+        }
+        None
     }
 
     /// How many snapshots of the target and the state table would expire
@@ -1675,6 +1730,8 @@ impl Engine {
                     ..Default::default()
                 });
             }
+            // Deposed meanwhile: the new holder replays what this batch had.
+            self.fenced()?;
             if !retryable || attempted.len() as u32 >= MAX_COMMIT_ATTEMPTS {
                 return Err(error);
             }
@@ -1693,6 +1750,7 @@ impl Engine {
         input_offset: i64,
     ) -> std::result::Result<CommitReport, Failure> {
         self.usable()?;
+        self.fenced()?;
         let clock = std::time::Instant::now();
         if let Some(report) = self.skip_old_snapshot(input) {
             return Ok(report);
@@ -2111,6 +2169,10 @@ impl Engine {
         ]);
         if !offsets.is_empty() {
             properties.insert(PROP_INPUT_OFFSETS.to_string(), offsets::to_json(offsets)?);
+        }
+        if let Some((me, epoch)) = &self.lease {
+            properties.insert(PROP_COMMITTER.to_string(), me.clone());
+            properties.insert(PROP_LEASE_EPOCH.to_string(), epoch.to_string());
         }
         if let Some(f) = floor {
             properties.insert(
