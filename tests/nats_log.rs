@@ -1043,3 +1043,64 @@ fn a_flow_defined_on_one_instance_is_run_changed_and_deleted_on_every_instance()
         }
     });
 }
+
+/// An instance that starts while the stream holds batches not yet
+/// committed, and does not hold the flow's lease, keeps none of them
+/// pending (the holder reads them from the stream), and `POST .../commit`
+/// on it answers once the holder committed them. (It once replayed them
+/// into a pending run it never committed, and `/commit` waited for an
+/// offset past the stream's end.)
+#[test]
+fn an_instance_started_beside_the_holder_keeps_nothing_pending_and_answers_commit() {
+    rt().block_on(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = prefix();
+        let n = nats(&nats_url(), &p);
+        let client = reqwest::Client::new();
+        let a = start(on_nats(
+            tmp.path(),
+            "a",
+            vec![flow_cfg("m", "1h")],
+            n.clone(),
+        ))
+        .await;
+        let mut all = Vec::new();
+        for i in 0..3 {
+            let evs = vec![u(i, "Oslo", i)];
+            push(&client, &url(&a, "/v1/flows/m/changes"), &evs, None).await;
+            all.extend(evs);
+        }
+        let b = start(on_nats(
+            tmp.path(),
+            "b",
+            vec![flow_cfg("m", "1h")],
+            n.clone(),
+        ))
+        .await;
+        // Wait for one holder (A, or B after a rebalance).
+        let mut holder = None;
+        for _ in 0..100 {
+            for (i, r) in [&a, &b].into_iter().enumerate() {
+                if flow_status(&client, r, "m").await["status"]["lease"]["held_here"] == true {
+                    holder = Some(i);
+                }
+            }
+            if holder.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(holder, Some(0), "A ranks first and holds the flow");
+        let (holder, other) = (&a, &b);
+        let st = flow_status(&client, other, "m").await;
+        assert_eq!(st["status"]["pending_batches"], 0, "{st}");
+        assert_eq!(st["status"]["committed_offset"], 0, "{st}");
+        let c = commit(&client, holder, "m").await;
+        assert_eq!(c["offset"], 3, "{c}");
+        let c = commit(&client, other, "m").await;
+        assert_eq!(c["offset"], 3, "{c}");
+        assert_eq!(table(tmp.path(), "m").await, expected(&all));
+        a.stop().await.unwrap();
+        b.stop().await.unwrap();
+    });
+}

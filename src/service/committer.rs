@@ -63,6 +63,8 @@ pub(super) async fn committer(
                 held = now;
             }
             if held.is_none() {
+                // The holder's state lives there: none here (memory).
+                engine = None;
                 rt.refuse_maintenance();
                 if stopping {
                     return;

@@ -165,6 +165,25 @@ fn change(entry: kv::Entry) -> Change {
 #[async_trait::async_trait]
 impl Definitions for NatsDefinitions {
     async fn load(&self) -> Result<Loaded> {
+        crate::service::nats_log::retrying("loading the flow definitions", || self.load_once())
+            .await
+    }
+
+    async fn put(&self, config: &FlowConfig) -> Result<u64> {
+        self.put_once(config).await
+    }
+
+    async fn remove(&self, flow: &str) -> Result<u64> {
+        self.remove_once(flow).await
+    }
+
+    async fn watch(&self, revision: u64) -> Result<Option<BoxStream<'static, Result<Change>>>> {
+        self.watch_once(revision).await
+    }
+}
+
+impl NatsDefinitions {
+    async fn load_once(&self) -> Result<Loaded> {
         let store = &self.store;
         let status = store
             .status()
@@ -202,7 +221,7 @@ impl Definitions for NatsDefinitions {
         Ok(Loaded { flows, revision })
     }
 
-    async fn put(&self, config: &FlowConfig) -> Result<u64> {
+    async fn put_once(&self, config: &FlowConfig) -> Result<u64> {
         let value = serde_json::to_vec(config)?;
         if value.len() > MAX_DEFINITION_BYTES {
             return Err(Error::Config(format!(
@@ -217,7 +236,7 @@ impl Definitions for NatsDefinitions {
             .map_err(|e| self.unavailable("writing", e))
     }
 
-    async fn remove(&self, flow: &str) -> Result<u64> {
+    async fn remove_once(&self, flow: &str) -> Result<u64> {
         self.store
             .delete(flow)
             .await
@@ -225,7 +244,10 @@ impl Definitions for NatsDefinitions {
         Ok(0)
     }
 
-    async fn watch(&self, revision: u64) -> Result<Option<BoxStream<'static, Result<Change>>>> {
+    async fn watch_once(
+        &self,
+        revision: u64,
+    ) -> Result<Option<BoxStream<'static, Result<Change>>>> {
         // Follows the bucket from `revision + 1`; when the watch breaks
         // (NATS restarted, connection lost), it resumes after the last
         // revision seen, once a second.

@@ -957,7 +957,15 @@ impl Service {
             .logs
             .open(&flow.name, committed, flow.commit.max_log_bytes)
             .await?;
-        let records = log.replay(committed).await?;
+        // On a shared log the lease holder reads the stream when it takes
+        // the flow (`catch_up`); an instance that does not hold it keeps
+        // nothing pending.
+        let shared = self.leases.get().is_some();
+        let records = if shared {
+            Vec::new()
+        } else {
+            log.replay(committed).await?
+        };
         let mut pending = BTreeMap::new();
         let mut bytes_total = 0;
         let mut rows_total = 0;
@@ -984,6 +992,7 @@ impl Service {
         // are behind the first retained one.
         let applied = match records.first() {
             Some(r) => r.offset - 1,
+            None if shared => committed,
             None => committed.max(log.stats().next_offset - 1),
         };
         let status = FlowStatus {

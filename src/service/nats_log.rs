@@ -94,23 +94,28 @@ impl NatsLogs {
                 &uuid::Uuid::new_v4().simple().to_string()[..12]
             ),
         };
-        crate::service::lease::Leases::open(
-            &self.js,
-            &self.cfg.stream_prefix,
-            self.cfg.replicas,
-            me,
-            self.cfg.lease_ttl()?,
-        )
+        let ttl = self.cfg.lease_ttl()?;
+        retrying("opening the lease buckets", || {
+            crate::service::lease::Leases::open(
+                &self.js,
+                &self.cfg.stream_prefix,
+                self.cfg.replicas,
+                me.clone(),
+                ttl,
+            )
+        })
         .await
     }
 
     /// The flow definitions every instance shares.
     pub async fn definitions(&self) -> Result<crate::service::definitions::NatsDefinitions> {
-        crate::service::definitions::NatsDefinitions::open(
-            &self.js,
-            &self.cfg.stream_prefix,
-            self.cfg.replicas,
-        )
+        retrying("opening the definitions bucket", || {
+            crate::service::definitions::NatsDefinitions::open(
+                &self.js,
+                &self.cfg.stream_prefix,
+                self.cfg.replicas,
+            )
+        })
         .await
     }
 
@@ -213,13 +218,57 @@ impl LogFactory for NatsLogs {
     /// `nats:<stream>:<created>`: a stream deleted and made again is
     /// another log, whose offsets start again.
     async fn identity(&self, flow: &str) -> Result<String> {
+        retrying(&format!("flow `{flow}`"), || self.identity_once(flow)).await
+    }
+
+    async fn open(&self, flow: &str, committed: i64, max_bytes: u64) -> Result<Arc<dyn IngestLog>> {
+        retrying(&format!("flow `{flow}`"), || {
+            self.open_once(flow, committed, max_bytes)
+        })
+        .await
+    }
+}
+
+/// While JetStream elects leaders (a server of the cluster restarted), its
+/// requests time out for a few seconds: an instance starting or opening a
+/// flow then waits, up to `START_PATIENCE`, rather than exiting.
+const START_PATIENCE: Duration = Duration::from_secs(30);
+
+/// `f` until it does not fail with `AUTOCDC_UNAVAILABLE`, for at most
+/// `START_PATIENCE`.
+pub(crate) async fn retrying<T, F, Fut>(what: &str, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let deadline = std::time::Instant::now() + START_PATIENCE;
+    let mut pause = Duration::from_millis(250);
+    loop {
+        match f().await {
+            Err(Error::Unavailable(m)) if std::time::Instant::now() + pause < deadline => {
+                tracing::warn!(what, error = %m, retry_in_ms = pause.as_millis() as u64, "nats_unavailable");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(4));
+            }
+            other => return other,
+        }
+    }
+}
+
+impl NatsLogs {
+    async fn identity_once(&self, flow: &str) -> Result<String> {
         let name = self.stream_name(flow);
         let mut s = self.stream(flow).await?;
         let info = s.info().await.map_err(|e| unavailable(&name, e))?;
         Ok(format!("nats:{name}:{}", created_nanos(info)))
     }
 
-    async fn open(&self, flow: &str, committed: i64, max_bytes: u64) -> Result<Arc<dyn IngestLog>> {
+    async fn open_once(
+        &self,
+        flow: &str,
+        committed: i64,
+        max_bytes: u64,
+    ) -> Result<Arc<dyn IngestLog>> {
         let name = self.stream_name(flow);
         let mut s = self.stream(flow).await?;
         let state = s
