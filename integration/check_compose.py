@@ -1,12 +1,15 @@
 """Checks docker-compose.yml's structure without a Docker engine: the
 services the README names, a healthcheck on each, the Dockerfile it builds,
-and that every host file it mounts exists in the repository.
+that every host file it mounts exists in the repository, and that the
+scale-out replicas share what they must (the NATS log and a catalog both
+reach, not a local warehouse) and keep their own data volume.
 
 usage: check_compose.py [REPO_DIR]
 """
 
 import os
 import sys
+import tomllib
 
 import yaml
 
@@ -14,7 +17,7 @@ repo = sys.argv[1] if len(sys.argv) > 1 else "."
 doc = yaml.safe_load(open(os.path.join(repo, "docker-compose.yml")))
 problems = []
 services = doc.get("services", {})
-for name in ("autocdc", "postgres", "seaweedfs", "nats"):
+for name in ("autocdc", "autocdc-a", "autocdc-b", "postgres", "seaweedfs", "nats"):
     svc = services.get(name)
     if svc is None:
         problems.append(f"service {name} is missing")
@@ -34,6 +37,30 @@ build = services.get("autocdc", {}).get("build", {})
 dockerfile = os.path.join(repo, build.get("context", "."), build.get("dockerfile", "Dockerfile"))
 if not os.path.exists(dockerfile):
     problems.append(f"{dockerfile} does not exist")
+replicas = [services.get(n, {}) for n in ("autocdc-a", "autocdc-b")]
+configs, data = set(), []
+for name, svc in zip(("autocdc-a", "autocdc-b"), replicas):
+    if "scale-out" not in svc.get("profiles", []):
+        problems.append(f"service {name} is not in the scale-out profile")
+    for v in svc.get("volumes", []):
+        src, dst = v.split(":")[:2]
+        if dst == "/etc/autocdc/autocdc.toml":
+            configs.add(src)
+        elif dst == "/var/lib/autocdc":
+            data.append(src)
+if len(configs) != 1:
+    problems.append(f"the scale-out replicas mount different configs: {sorted(configs)}")
+for src in configs:
+    path = os.path.join(repo, src)
+    if os.path.exists(path):
+        cfg = tomllib.load(open(path, "rb"))
+        if cfg.get("ingest", {}).get("type") != "nats":
+            problems.append(f"{src}: the replicas need [ingest] type = \"nats\"")
+        cat = cfg.get("catalog", {})
+        if cat.get("type") == "hadoop" and not str(cat.get("warehouse", "")).startswith("s3://"):
+            problems.append(f"{src}: a local Hadoop warehouse is not shared by the replicas")
+if len(set(data)) != len(data):
+    problems.append(f"the scale-out replicas share a data volume: {data}")
 if problems:
     sys.exit("docker-compose.yml: " + "; ".join(problems))
 print(f"docker-compose.yml: {len(services)} services, structure ok")

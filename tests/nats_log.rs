@@ -1055,29 +1055,28 @@ fn an_instance_started_beside_the_holder_keeps_nothing_pending_and_answers_commi
     rt().block_on(async {
         let tmp = tempfile::tempdir().unwrap();
         let p = prefix();
-        let n = nats(&nats_url(), &p);
+        // Names that rank A first for `m` (rendezvous hashing), so B
+        // never takes the flow over.
+        let rank = |i: &str| xxhash_rust::xxh3::xxh3_64(format!("m\n{i}").as_bytes());
+        let (first, second) = if rank("ia") > rank("ib") {
+            ("ia", "ib")
+        } else {
+            ("ib", "ia")
+        };
+        let mut na = nats(&nats_url(), &p);
+        na.instance = Some(first.into());
+        let mut nb = na.clone();
+        nb.instance = Some(second.into());
         let client = reqwest::Client::new();
-        let a = start(on_nats(
-            tmp.path(),
-            "a",
-            vec![flow_cfg("m", "1h")],
-            n.clone(),
-        ))
-        .await;
+        let a = start(on_nats(tmp.path(), "a", vec![flow_cfg("m", "1h")], na)).await;
         let mut all = Vec::new();
         for i in 0..3 {
             let evs = vec![u(i, "Oslo", i)];
             push(&client, &url(&a, "/v1/flows/m/changes"), &evs, None).await;
             all.extend(evs);
         }
-        let b = start(on_nats(
-            tmp.path(),
-            "b",
-            vec![flow_cfg("m", "1h")],
-            n.clone(),
-        ))
-        .await;
-        // Wait for one holder (A, or B after a rebalance).
+        let b = start(on_nats(tmp.path(), "b", vec![flow_cfg("m", "1h")], nb)).await;
+        // Wait for A to hold the lease.
         let mut holder = None;
         for _ in 0..100 {
             for (i, r) in [&a, &b].into_iter().enumerate() {
@@ -1090,8 +1089,29 @@ fn an_instance_started_beside_the_holder_keeps_nothing_pending_and_answers_commi
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert_eq!(holder, Some(0), "A ranks first and holds the flow");
+        assert_eq!(
+            holder,
+            Some(0),
+            "A ranks first and holds the flow: A {} B {}",
+            flow_status(&client, &a, "m").await["status"]["lease"],
+            flow_status(&client, &b, "m").await["status"]["lease"]
+        );
         let (holder, other) = (&a, &b);
+        // Both name the same holder and epoch (the epoch the record holds).
+        let mine = flow_status(&client, holder, "m").await["status"]["lease"].clone();
+        let mut seen = serde_json::Value::Null;
+        for _ in 0..100 {
+            seen = flow_status(&client, other, "m").await["status"]["lease"].clone();
+            if seen["epoch"] == mine["epoch"] {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            (&seen["holder"], &seen["epoch"]),
+            (&mine["holder"], &mine["epoch"]),
+            "{seen} vs {mine}"
+        );
         let st = flow_status(&client, other, "m").await;
         assert_eq!(st["status"]["pending_batches"], 0, "{st}");
         assert_eq!(st["status"]["committed_offset"], 0, "{st}");

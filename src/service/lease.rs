@@ -247,21 +247,22 @@ impl Leases {
         // Vacant and ours: take it. The epoch is the revision it lands at,
         // written into the record by the first renewal.
         match self.leases.create(flow, self.value(0)?).await {
-            Ok(rev) => {
-                let value = self.value(rev)?;
+            Ok(epoch) => {
+                let value = self.value(epoch)?;
                 let rev =
-                    self.leases.update(flow, value, rev).await.map_err(|e| {
+                    self.leases.update(flow, value, epoch).await.map_err(|e| {
                         Error::Unavailable(format!("writing the lease's epoch: {e}"))
                     })?;
                 let mut g = self.lock();
                 let l = g.entry(flow.to_string()).or_default();
                 l.revision = Some(rev);
-                l.epoch = Some(rev);
+                // The epoch the record says, which every instance reads.
+                l.epoch = Some(epoch);
                 l.renewed = Some(Instant::now());
                 l.holder = Some(self.me.clone());
                 l.changes += 1;
                 l.vacant_since = None;
-                tracing::info!(flow = %flow, epoch = rev, instance = %self.me, "lease_taken");
+                tracing::info!(flow = %flow, epoch, instance = %self.me, "lease_taken");
             }
             // Another instance was quicker.
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
