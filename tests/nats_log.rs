@@ -1124,3 +1124,54 @@ fn an_instance_started_beside_the_holder_keeps_nothing_pending_and_answers_commi
         b.stop().await.unwrap();
     });
 }
+
+/// A batch that the NATS server would refuse (over its `max_payload`, 1 MiB
+/// on the test server) is answered 413 with both sizes, before anything is
+/// published; the flow goes on with the next batch at offset 1.
+#[test]
+fn a_batch_over_the_servers_max_payload_is_413_and_nothing_is_logged() {
+    rt().block_on(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = prefix();
+        let client = reqwest::Client::new();
+        let a = start(on_nats(
+            tmp.path(),
+            "a",
+            vec![flow_cfg("m", "1h")],
+            nats(&nats_url(), &p),
+        ))
+        .await;
+        let big = serde_json::json!({
+            "id": 1, "op": "UPSERT", "city": "x".repeat(1_200_000), "seq": 1
+        })
+        .to_string();
+        let (s, body) = post(
+            &client,
+            &url(&a, "/v1/flows/m/changes"),
+            "application/x-ndjson",
+            big,
+            Some("big"),
+        )
+        .await;
+        assert_eq!(s, 413, "{body}");
+        assert_eq!(body["error"]["code"], "AUTOCDC_BODY_TOO_LARGE", "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("max_payload") && message.contains("1048576"),
+            "{message}"
+        );
+        let ack = push(
+            &client,
+            &url(&a, "/v1/flows/m/changes"),
+            &[u(2, "Rome", 1)],
+            None,
+        )
+        .await;
+        assert_eq!(ack["offset"], 1, "{ack}");
+        let state = stream_state(&nats_url(), &format!("{p}_m")).await;
+        assert_eq!(state.messages, 1);
+        assert_eq!(commit(&client, &a, "m").await["offset"], 1);
+        assert_eq!(table(tmp.path(), "m").await, expected(&[u(2, "Rome", 1)]));
+        a.stop().await.unwrap();
+    });
+}

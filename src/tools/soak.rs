@@ -57,8 +57,8 @@ pub struct SoakArgs {
     /// Time between samples.
     #[arg(long, default_value = "30s")]
     pub sample_every: String,
-    /// Take `[catalog]` from this config file (default: a Hadoop warehouse
-    /// in the run's temporary folder).
+    /// Take `[catalog]` and `[ingest]` from this config file (default: a
+    /// Hadoop warehouse in the run's temporary folder, the local log).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Keep the run's folder (warehouse, logs, server output) here.
@@ -133,12 +133,18 @@ pub async fn run(a: SoakArgs) -> Result<()> {
         }
     };
     std::fs::create_dir_all(&dir)?;
-    let catalog = match &a.config {
-        Some(path) => Config::load(path)?.catalog,
-        None => CatalogConfig::Hadoop {
-            warehouse: dir.join("warehouse").to_string_lossy().to_string(),
-            s3: None,
-        },
+    let (catalog, ingest) = match &a.config {
+        Some(path) => {
+            let c = Config::load(path)?;
+            (c.catalog, c.ingest)
+        }
+        None => (
+            CatalogConfig::Hadoop {
+                warehouse: dir.join("warehouse").to_string_lossy().to_string(),
+                s3: None,
+            },
+            Default::default(),
+        ),
     };
     let local_warehouse = match &catalog {
         CatalogConfig::Hadoop {
@@ -172,7 +178,7 @@ pub async fn run(a: SoakArgs) -> Result<()> {
         catalog: catalog.clone(),
         flows,
         maintenance: Default::default(),
-        ingest: Default::default(),
+        ingest,
     };
     let config_path = dir.join("soak.toml");
     std::fs::write(
