@@ -623,12 +623,12 @@ fn a_killed_holders_flows_are_taken_over_and_nothing_acknowledged_is_lost() {
     let mut runtimes: Vec<Option<tokio::runtime::Runtime>> = (0..3).map(|_| Some(rt())).collect();
     let mut addrs = Vec::new();
     for (i, r) in runtimes.iter().enumerate() {
-        let running = r.as_ref().unwrap().block_on(start(on_nats(
-            tmp.path(),
-            &format!("d{i}"),
-            flows(),
-            n.clone(),
-        )));
+        let mut n = n.clone();
+        n.instance = Some(format!("k{i}"));
+        let running =
+            r.as_ref()
+                .unwrap()
+                .block_on(start(on_nats(tmp.path(), &format!("d{i}"), flows(), n)));
         addrs.push(format!("http://{}", running.addr));
         // Killed below, or left to end with the test's runtimes.
         std::mem::forget(running);
@@ -679,11 +679,24 @@ fn a_killed_holders_flows_are_taken_over_and_nothing_acknowledged_is_lost() {
         out
     };
     let holders = &holders;
+    // The instance rendezvous hashing puts `f` on among `alive` (the
+    // lease module's rule; the instances are named `k<i>`).
+    let first = |f: &str, alive: &[usize]| {
+        *alive
+            .iter()
+            .max_by_key(|i| xxhash_rust::xxh3::xxh3_64(format!("{f}\nk{i}").as_bytes()))
+            .unwrap()
+    };
+    // One holder per flow, the one it ranks first (an instance that
+    // started alone took every flow at first, and gives most back).
     let settled = |alive: Vec<usize>| async move {
         let mut h = Default::default();
         for _ in 0..150 {
             h = holders(alive.clone()).await;
-            if h.len() == names.len() && h.values().all(|v| v.len() == 1) {
+            if h.len() == names.len()
+                && h.iter()
+                    .all(|(f, v)| v.len() == 1 && v[0] == first(f, &alive))
+            {
                 return h;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1111,6 +1124,19 @@ fn an_instance_started_beside_the_holder_keeps_nothing_pending_and_answers_commi
             (&seen["holder"], &seen["epoch"]),
             (&mine["holder"], &mine["epoch"]),
             "{seen} vs {mine}"
+        );
+        // Maintenance is the holder's: the other names it.
+        let resp = client
+            .post(url(other, "/v1/flows/m/maintain"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 503);
+        let body: serde_json::Value = resp.json().await.unwrap();
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!("instance `{first}`")) && message.contains(second),
+            "{body}"
         );
         let st = flow_status(&client, other, "m").await;
         assert_eq!(st["status"]["pending_batches"], 0, "{st}");

@@ -425,6 +425,22 @@ impl FlowRuntime {
         dry_run: bool,
         timeout: Duration,
     ) -> Result<Option<crate::table::engine::MaintenanceReport>> {
+        // On a shared log only the lease holder maintains the flow.
+        if let Some(l) = &self.leases
+            && l.holds(&self.flow.name).is_none()
+        {
+            let lease = l.status(&self.flow.name);
+            let holder = match (&lease.holder, lease.epoch) {
+                (Some(h), Some(e)) => format!("instance `{h}` (lease epoch {e})"),
+                _ => "no instance yet (its lease is being taken)".into(),
+            };
+            return Err(Error::Unavailable(format!(
+                "flow `{}` is committed and maintained by {holder}, not by this instance (`{}`): send POST /v1/flows/{}/maintain there, or retry",
+                self.flow.name,
+                l.me(),
+                self.flow.name
+            )));
+        }
         let (reply, rx) = tokio::sync::oneshot::channel();
         {
             let mut q = self
@@ -443,7 +459,7 @@ impl FlowRuntime {
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(result)) => result.map(Some),
             Ok(Err(_)) => Err(Error::Unavailable(format!(
-                "flow `{}` stopped before its maintenance ran",
+                "flow `{}` stopped, or another instance took it over, before its maintenance ran; retry",
                 self.flow.name
             ))),
             Err(_) => Ok(None),
