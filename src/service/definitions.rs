@@ -123,20 +123,17 @@ const MAX_DEFINITION_BYTES: usize = 1 << 20;
 impl NatsDefinitions {
     pub async fn open(js: &jetstream::Context, prefix: &str, replicas: usize) -> Result<Self> {
         let bucket = format!("{prefix}_FLOWS");
-        let store = match js.get_key_value(bucket.clone()).await {
-            Ok(s) => s,
-            Err(_) => {
-                js.create_key_value(kv::Config {
-                    bucket: bucket.clone(),
-                    history: 1,
-                    num_replicas: replicas,
-                    max_value_size: MAX_DEFINITION_BYTES as i32,
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| Error::Unavailable(format!("NATS key-value bucket `{bucket}`: {e}")))?
-            }
-        };
+        let store = crate::service::nats_log::key_value(
+            js,
+            kv::Config {
+                bucket: bucket.clone(),
+                history: 1,
+                num_replicas: replicas,
+                max_value_size: MAX_DEFINITION_BYTES as i32,
+                ..Default::default()
+            },
+        )
+        .await?;
         Ok(NatsDefinitions { store, bucket })
     }
 
@@ -170,15 +167,68 @@ impl Definitions for NatsDefinitions {
     }
 
     async fn put(&self, config: &FlowConfig) -> Result<u64> {
-        self.put_once(config).await
+        let value = serde_json::to_vec(config)?;
+        if value.len() > MAX_DEFINITION_BYTES {
+            return Err(Error::Config(format!(
+                "flow `{}`: the definition is {} bytes; at most {MAX_DEFINITION_BYTES}",
+                config.name,
+                value.len()
+            )));
+        }
+        self.store
+            .put(&config.name, value.into())
+            .await
+            .map_err(|e| self.unavailable("writing", e))
     }
 
     async fn remove(&self, flow: &str) -> Result<u64> {
-        self.remove_once(flow).await
+        self.store
+            .delete(flow)
+            .await
+            .map_err(|e| self.unavailable("deleting", e))?;
+        Ok(0)
     }
 
     async fn watch(&self, revision: u64) -> Result<Option<BoxStream<'static, Result<Change>>>> {
-        self.watch_once(revision).await
+        // Follows the bucket from `revision + 1`; when the watch breaks
+        // (NATS restarted, connection lost), it resumes after the last
+        // revision seen, once a second.
+        let store = self.store.clone();
+        let bucket = self.bucket.clone();
+        let stream = futures::stream::unfold(
+            (store, bucket, revision, None::<kv::Watch>),
+            |(store, bucket, mut seen, mut watch)| async move {
+                loop {
+                    let w = match watch.as_mut() {
+                        Some(w) => w,
+                        None => match store.watch_all_from_revision(seen + 1).await {
+                            Ok(w) => watch.insert(w),
+                            Err(e) => {
+                                tracing::warn!(bucket = %bucket, error = %e, "definitions_watch_failed");
+                                tokio::time::sleep(Duration::from_secs(1)).await;
+                                continue;
+                            }
+                        },
+                    };
+                    match w.next().await {
+                        Some(Ok(entry)) => {
+                            seen = seen.max(entry.revision);
+                            return Some((Ok(change(entry)), (store, bucket, seen, watch)));
+                        }
+                        Some(Err(e)) => {
+                            tracing::warn!(bucket = %bucket, error = %e, "definitions_watch_failed");
+                            watch = None;
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                        None => {
+                            watch = None;
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
+                }
+            },
+        );
+        Ok(Some(stream.boxed()))
     }
 }
 
@@ -219,73 +269,5 @@ impl NatsDefinitions {
             flows.push((cfg, entry.revision));
         }
         Ok(Loaded { flows, revision })
-    }
-
-    async fn put_once(&self, config: &FlowConfig) -> Result<u64> {
-        let value = serde_json::to_vec(config)?;
-        if value.len() > MAX_DEFINITION_BYTES {
-            return Err(Error::Config(format!(
-                "flow `{}`: the definition is {} bytes; at most {MAX_DEFINITION_BYTES}",
-                config.name,
-                value.len()
-            )));
-        }
-        self.store
-            .put(&config.name, value.into())
-            .await
-            .map_err(|e| self.unavailable("writing", e))
-    }
-
-    async fn remove_once(&self, flow: &str) -> Result<u64> {
-        self.store
-            .delete(flow)
-            .await
-            .map_err(|e| self.unavailable("deleting", e))?;
-        Ok(0)
-    }
-
-    async fn watch_once(
-        &self,
-        revision: u64,
-    ) -> Result<Option<BoxStream<'static, Result<Change>>>> {
-        // Follows the bucket from `revision + 1`; when the watch breaks
-        // (NATS restarted, connection lost), it resumes after the last
-        // revision seen, once a second.
-        let store = self.store.clone();
-        let bucket = self.bucket.clone();
-        let stream = futures::stream::unfold(
-            (store, bucket, revision, None::<kv::Watch>),
-            |(store, bucket, mut seen, mut watch)| async move {
-                loop {
-                    let w = match watch.as_mut() {
-                        Some(w) => w,
-                        None => match store.watch_all_from_revision(seen + 1).await {
-                            Ok(w) => watch.insert(w),
-                            Err(e) => {
-                                tracing::warn!(bucket = %bucket, error = %e, "definitions_watch_failed");
-                                tokio::time::sleep(Duration::from_secs(1)).await;
-                                continue;
-                            }
-                        },
-                    };
-                    match w.next().await {
-                        Some(Ok(entry)) => {
-                            seen = seen.max(entry.revision);
-                            return Some((Ok(change(entry)), (store, bucket, seen, watch)));
-                        }
-                        Some(Err(e)) => {
-                            tracing::warn!(bucket = %bucket, error = %e, "definitions_watch_failed");
-                            watch = None;
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                        }
-                        None => {
-                            watch = None;
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                        }
-                    }
-                }
-            },
-        );
-        Ok(Some(stream.boxed()))
     }
 }

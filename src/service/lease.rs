@@ -88,17 +88,7 @@ impl Leases {
             num_replicas: replicas,
             ..Default::default()
         };
-        let open = |name: &'static str| {
-            let cfg = bucket(name);
-            async move {
-                match js.get_key_value(cfg.bucket.clone()).await {
-                    Ok(s) => Ok(s),
-                    Err(_) => js.create_key_value(cfg.clone()).await.map_err(|e| {
-                        Error::Unavailable(format!("NATS key-value bucket `{}`: {e}", cfg.bucket))
-                    }),
-                }
-            }
-        };
+        let open = |name: &str| crate::service::nats_log::key_value(js, bucket(name));
         let leases = Leases {
             leases: open("LEASES").await?,
             instances: open("INSTANCES").await?,
@@ -303,14 +293,14 @@ impl Leases {
     /// Gives back every lease this instance holds (at shutdown, after the
     /// last commits), so another instance takes the flows at once.
     pub async fn release_all(&self) {
-        let held: Vec<(String, u64)> = self
+        let held: Vec<String> = self
             .lock()
             .iter()
-            .filter_map(|(f, l)| l.revision.map(|r| (f.clone(), r)))
+            .filter(|(_, l)| l.revision.is_some())
+            .map(|(f, _)| f.clone())
             .collect();
-        for (flow, rev) in held {
-            self.lost(&flow, "released");
-            let _ = self.leases.delete_expect_revision(&flow, Some(rev)).await;
+        for flow in held {
+            self.release(&flow).await;
         }
         let _ = self.instances.delete(&self.me).await;
     }

@@ -713,7 +713,9 @@ impl Service {
                     Err(e) => {
                         tracing::error!(flow = %name, revision, error = %e, "flow_definition_not_applied");
                         if let Some(old) = running
-                            && let Err(e) = self.start_flow(old.flow.clone()).await
+                            && let Err(e) = self
+                                .start_flow_defined(old.flow.clone(), old.defined.clone())
+                                .await
                         {
                             tracing::error!(flow = %name, error = %e, "flow_restart_failed");
                         }

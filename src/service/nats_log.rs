@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, context::PublishErrorKind, stream};
+use async_nats::jetstream::{self, context::PublishErrorKind, kv, stream};
 use bytes::Bytes;
 
 use crate::config::NatsConfig;
@@ -226,6 +226,16 @@ impl LogFactory for NatsLogs {
             self.open_once(flow, committed, max_bytes)
         })
         .await
+    }
+}
+
+/// The key-value bucket `cfg` names, made with `cfg` if missing.
+pub(crate) async fn key_value(js: &jetstream::Context, cfg: kv::Config) -> Result<kv::Store> {
+    match js.get_key_value(cfg.bucket.clone()).await {
+        Ok(s) => Ok(s),
+        Err(_) => js.create_key_value(cfg.clone()).await.map_err(|e| {
+            Error::Unavailable(format!("NATS key-value bucket `{}`: {e}", cfg.bucket))
+        }),
     }
 }
 
