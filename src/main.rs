@@ -1,5 +1,12 @@
 use clap::Parser;
 
+/// jemalloc instead of glibc malloc: a history flow's state holds millions
+/// of small allocations, and glibc spent ~40% of its apply in malloc, free
+/// and chunk consolidation; jemalloc applies it 1.6x faster at the same
+/// peak RSS (README, "Benchmark").
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = autocdc::tools::cli::Cli::parse();
     // Structured lines on stderr (`AUTOCDC_LOG`: error, warn, info (the
