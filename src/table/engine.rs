@@ -245,9 +245,10 @@ impl Planned {
     }
 }
 
-/// The target files of one commit, written and not yet committed.
+/// The target files of one commit, not yet committed: the delete files are
+/// written, the data files may still be being encoded on other workers.
 struct TargetFiles {
-    data: Vec<DataFile>,
+    data: DataWrite,
     /// Each with the partition spec of the files it applies to.
     deletes: Vec<(i32, DataFile)>,
     /// Where each inserted row went.
@@ -255,6 +256,36 @@ struct TargetFiles {
     rows: u64,
     /// (spec id, partition) of each new data file.
     partitions: Vec<(String, (i32, Struct))>,
+}
+
+/// The data files of a commit, encoded on other runtime workers while the
+/// commit goes on (`finish` waits for them); dropped early (the commit
+/// failed), it stops.
+struct DataWrite(tokio::task::JoinHandle<Result<Vec<DataFile>>>);
+
+impl DataWrite {
+    async fn finish(mut self) -> Result<Vec<DataFile>> {
+        match (&mut self.0).await {
+            Ok(written) => written,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(std::io::Error::other(format!("the data files' writer stopped: {e}")).into()),
+        }
+    }
+}
+
+impl Drop for DataWrite {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The state table's file for one batch, written and not yet committed.
+struct StateFile {
+    file: Option<DataFile>,
+    rows: u64,
+    generation: i64,
+    /// The file holds every entry (it replaces the state log).
+    whole: bool,
 }
 
 /// The state table's commit for one batch.
@@ -1807,22 +1838,27 @@ impl Engine {
         self.poisoned = true;
         let files = self.write_target_files(batch, &planned.plan).await?;
         report.timings.target_files_ms = ms_since(&mut clock);
-        report.data_files = files.data.len();
+        // The data files are encoded on another core meanwhile.
+        let state_file = self
+            .write_state(planned.plan, &files.locs, now_ms, &mut report, &mut clock)
+            .await?;
+        let started = std::time::Instant::now();
+        let data = files.data.finish().await?;
+        report.timings.target_files_ms += started.elapsed().as_secs_f64() * 1e3;
+        self.faults.hit(FaultPoint::AfterTargetFiles)?;
+        report.data_files = data.len();
         report.delete_files = files.deletes.len();
         report.rows_written = files.rows;
-        report.bytes_written = files
-            .data
+        report.bytes_written = data
             .iter()
             .chain(files.deletes.iter().map(|(_, f)| f))
             .map(|f| f.file_size_in_bytes())
             .sum();
-
-        let state = self
-            .persist_state(planned.plan, &files.locs, now_ms, &mut report, &mut clock)
-            .await?;
+        clock = std::time::Instant::now();
+        let state = self.commit_state_file(state_file, now_ms).await?;
         let (target, snapshot_id) = self
             .commit_target(
-                files.data,
+                data,
                 files.deletes,
                 &state,
                 &offsets,
@@ -1965,9 +2001,10 @@ impl Engine {
         })
     }
 
-    /// Phase 2, write target files: the new rows (every row's file and
-    /// position is known from here on), then the deletes of the rows they
-    /// replace.
+    /// Phase 2, target files: the new rows are laid out in data files
+    /// (every row's file and position is known from here on) whose encoding
+    /// starts on other workers; then the delete files of the rows they
+    /// replace are written here.
     async fn write_target_files(
         &mut self,
         batch: &RecordBatch,
@@ -1982,22 +2019,18 @@ impl Engine {
         let rows = self
             .state
             .target_rows(&self.flow, &self.codec, &target_arrow, batch, plan)?;
-        let written = write::data_files(
-            &file_io,
+        let layout = write::layout(
             &mut namer,
-            schema.clone(),
-            spec_id,
             self.partitioner.as_deref(),
             &rows.inserts,
             self.flow.target_file_size_bytes,
-        )
-        .await?;
-        let ids: Vec<u32> = written
+        )?;
+        let ids: Vec<u32> = layout
             .files
             .iter()
-            .map(|f| self.state.files_mut().intern(f.file_path()))
+            .map(|f| self.state.files_mut().intern(&f.path))
             .collect();
-        let locs: Vec<Loc> = written
+        let locs: Vec<Loc> = layout
             .locs
             .iter()
             .map(|&(f, pos)| Loc {
@@ -2010,6 +2043,17 @@ impl Engine {
             rows.inserts.num_rows(),
             "every inserted row has a position"
         );
+        let partitions = layout
+            .files
+            .iter()
+            .map(|f| (f.path.clone(), (spec_id, f.partition().clone())))
+            .collect();
+        let data = {
+            let file_io = file_io.clone();
+            DataWrite(tokio::spawn(async move {
+                write::write_layout(&file_io, schema, spec_id, layout.files).await
+            }))
+        };
         let deletes = self
             .delete_files(
                 &file_io,
@@ -2018,14 +2062,8 @@ impl Engine {
                 &rows.remove_rows,
             )
             .await?;
-        let partitions = written
-            .files
-            .iter()
-            .map(|f| (f.file_path().to_string(), (spec_id, f.partition().clone())))
-            .collect();
-        self.faults.hit(FaultPoint::AfterTargetFiles)?;
         Ok(TargetFiles {
-            data: written.files,
+            data,
             deletes,
             locs,
             rows: rows.inserts.num_rows() as u64,
@@ -2033,17 +2071,18 @@ impl Engine {
         })
     }
 
-    /// Phase 3, persist state: apply the plan to the in-memory state, write
-    /// its delta (or, when the log has grown too long, all of it) to the
-    /// state table and commit it. The target commit names this snapshot.
-    async fn persist_state(
+    /// Phase 3, state: apply the plan to the in-memory state and write its
+    /// delta (or, when the log has grown too long, all of it) as the state
+    /// table's file; `commit_state_file` commits it once the target's data
+    /// files are written. The target commit names that snapshot.
+    async fn write_state(
         &mut self,
         plan: Plan,
         locs: &[Loc],
         now_ms: i64,
         report: &mut CommitReport,
         clock: &mut std::time::Instant,
-    ) -> std::result::Result<StateCommit, Failure> {
+    ) -> Result<StateFile> {
         let cutoff = now_ms.saturating_sub(self.flow.tombstone_gc.as_millis() as i64);
         let generation = self.generation + 1;
         report.tombstones_collected = self.state.apply(&self.flow, plan, locs, now_ms, cutoff);
@@ -2052,14 +2091,9 @@ impl Engine {
             .state
             .delta(&self.flow, &self.codec, generation, compacted)?;
         report.timings.state_apply_ms = ms_since(clock);
-        let mut file_ms = 0.0;
-        let state = self
-            .commit_state(delta, generation, compacted, now_ms, &mut file_ms)
-            .await?;
-        // The state commit counts with the target's (`commits_ms`).
-        report.timings.state_file_ms = file_ms;
-        *clock += std::time::Duration::from_secs_f64(file_ms / 1e3);
-        Ok(state)
+        let file = self.state_file(delta, generation, compacted).await?;
+        report.timings.state_file_ms = ms_since(clock);
+        Ok(file)
     }
 
     /// Writes the state table's rows for a commit (the changed entries, or
@@ -2072,30 +2106,59 @@ impl Engine {
         now_ms: i64,
         file_ms: &mut f64,
     ) -> std::result::Result<StateCommit, Failure> {
-        let compacted = whole;
         let started = std::time::Instant::now();
-        let file_io = self.catalog.file_io().clone();
+        let file = self.state_file(delta, generation, whole).await?;
+        *file_ms = started.elapsed().as_secs_f64() * 1e3;
+        self.commit_state_file(file, now_ms).await
+    }
+
+    /// Writes the state table's file for a commit.
+    async fn state_file(
+        &mut self,
+        delta: RecordBatch,
+        generation: i64,
+        whole: bool,
+    ) -> Result<StateFile> {
         let smeta = self.state_tbl.metadata.clone();
         let delta = state_table::conform(
             &delta,
             Arc::new(schema_to_arrow_schema(smeta.current_schema())?),
         )?;
         let mut snamer = FileNamer::new(smeta.location());
-        let sfile = write::single_data_file(
-            &file_io,
+        let file = write::single_data_file(
+            self.catalog.file_io(),
             &mut snamer,
             smeta.current_schema().clone(),
             smeta.default_partition_spec_id(),
             &delta,
         )
         .await?;
+        Ok(StateFile {
+            file,
+            rows: delta.num_rows() as u64,
+            generation,
+            whole,
+        })
+    }
+
+    /// Commits the state table's file of a commit.
+    async fn commit_state_file(
+        &mut self,
+        state: StateFile,
+        now_ms: i64,
+    ) -> std::result::Result<StateCommit, Failure> {
         self.faults.hit(FaultPoint::AfterStateFile)?;
-        *file_ms = started.elapsed().as_secs_f64() * 1e3;
+        let StateFile {
+            file,
+            rows: delta_rows,
+            generation,
+            whole: compacted,
+        } = state;
         let produced = row_delta::produce(
-            &file_io,
+            self.catalog.file_io(),
             &self.state_tbl,
             RowDelta {
-                data: sfile.into_iter().collect(),
+                data: file.into_iter().collect(),
                 deletes: Vec::new(),
                 base_snapshot: self.state_snapshot,
                 replace: compacted,
@@ -2125,7 +2188,6 @@ impl Engine {
                 error => Failure::Other(error),
             })?;
         self.faults.hit(FaultPoint::AfterStateCommit)?;
-        let delta_rows = delta.num_rows() as u64;
         Ok(StateCommit {
             table,
             snapshot_id,

@@ -207,19 +207,38 @@ pub struct Written {
     pub locs: Vec<(u32, u32)>,
 }
 
-/// Writes `batch` (already in the table's Arrow schema) as data files of
+/// One data file of a layout: its path, partition and rows.
+pub struct PlannedFile {
+    pub path: String,
+    partition: Struct,
+    rows: RecordBatch,
+}
+
+impl PlannedFile {
+    pub fn partition(&self) -> &Struct {
+        &self.partition
+    }
+}
+
+/// Where the rows of a batch go, decided before any byte is written: the
+/// data files (one set per partition, rolled at about the target size) and
+/// each row's (file index, position). So the state can take the rows'
+/// locations while the files are still being encoded.
+pub struct Layout {
+    pub files: Vec<PlannedFile>,
+    pub locs: Vec<(u32, u32)>,
+}
+
+/// Lays out `batch` (already in the table's Arrow schema) as data files of
 /// about `target_bytes` each, one set per partition when `partitioner` is given.
-pub async fn data_files(
-    file_io: &FileIO,
+pub fn layout(
     namer: &mut FileNamer,
-    schema: SchemaRef,
-    spec_id: i32,
     partitioner: Option<&Partitioner>,
     batch: &RecordBatch,
     target_bytes: u64,
-) -> Result<Written> {
+) -> Result<Layout> {
     let n = batch.num_rows();
-    let mut out = Written {
+    let mut out = Layout {
         files: Vec::new(),
         locs: vec![(0, 0); n],
     };
@@ -247,9 +266,6 @@ pub async fn data_files(
         let mut start = 0;
         while start < len_all {
             let len = rows_per_file.min(len_all - start);
-            let path = namer.next_in(&dir, "data");
-            let mut b =
-                write_parquet(file_io, path, schema.clone(), &[part.slice(start, len)]).await?;
             let file_idx = out.files.len() as u32;
             for pos in 0..len {
                 let row = rows
@@ -257,16 +273,75 @@ pub async fn data_files(
                     .map_or(start + pos, |r| r[start + pos] as usize);
                 out.locs[row] = (file_idx, pos as u32);
             }
-            out.files.push(
-                b.partition_spec_id(spec_id)
-                    .partition(partition.clone())
-                    .build()
-                    .map_err(builder_err)?,
-            );
+            out.files.push(PlannedFile {
+                path: namer.next_in(&dir, "data"),
+                partition: partition.clone(),
+                rows: part.slice(start, len),
+            });
             start += len;
         }
     }
     Ok(out)
+}
+
+/// Files written at once by `write_layout`: the machine's cores, at most 4.
+fn write_parallelism() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+}
+
+/// Writes the files of a layout, several at once (each on a runtime
+/// worker), and returns them in the layout's order.
+pub async fn write_layout(
+    file_io: &FileIO,
+    schema: SchemaRef,
+    spec_id: i32,
+    files: Vec<PlannedFile>,
+) -> Result<Vec<DataFile>> {
+    use futures::StreamExt;
+    let tasks = files.into_iter().map(|f| {
+        let (file_io, schema) = (file_io.clone(), schema.clone());
+        let task = tokio::spawn(async move {
+            write_parquet(&file_io, f.path, schema, &[f.rows])
+                .await?
+                .partition_spec_id(spec_id)
+                .partition(f.partition)
+                .build()
+                .map_err(builder_err)
+        });
+        async move {
+            match task.await {
+                Ok(written) => written,
+                // A bug in a writer is the commit's bug: raised where the
+                // commit runs, as if the file were written there.
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => Err(std::io::Error::other(format!("a data file's writer stopped: {e}")).into()),
+            }
+        }
+    });
+    futures::stream::iter(tasks)
+        .buffered(write_parallelism())
+        .collect::<Vec<Result<DataFile>>>()
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// Writes `batch` (already in the table's Arrow schema) as data files of
+/// about `target_bytes` each, one set per partition when `partitioner` is given.
+pub async fn data_files(
+    file_io: &FileIO,
+    namer: &mut FileNamer,
+    schema: SchemaRef,
+    spec_id: i32,
+    partitioner: Option<&Partitioner>,
+    batch: &RecordBatch,
+    target_bytes: u64,
+) -> Result<Written> {
+    let Layout { files, locs } = layout(namer, partitioner, batch, target_bytes)?;
+    Ok(Written {
+        files: write_layout(file_io, schema, spec_id, files).await?,
+        locs,
+    })
 }
 
 fn take_batch(batch: &RecordBatch, rows: &[u32]) -> Result<RecordBatch> {

@@ -34,8 +34,8 @@ pub struct BenchArgs {
     pub batches: usize,
     #[arg(long, default_value_t = 0.1)]
     pub delete_fraction: f64,
-    /// Table sizes for the "one small batch into a table of N rows" runs,
-    /// comma-separated; `none` to skip them.
+    /// Table sizes for the "one small batch into a table of N rows" runs
+    /// (one per flow kind of `--flows`), comma-separated; `none` to skip them.
     #[arg(long, default_value = "100000,1000000,10000000")]
     pub table_sizes: String,
     #[arg(long, default_value_t = 10_000)]
@@ -249,8 +249,10 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             })
             .collect::<Result<_>>()?
     };
-    for &size in &sizes {
-        small_batch_run(&args, &catalog, &mut rng, size).await?;
+    for kind in &kinds {
+        for &size in &sizes {
+            small_batch_run(&args, &catalog, &mut rng, kind, size).await?;
+        }
     }
     if let Some(rss) = peak_rss_bytes() {
         println!("peak RSS: {:.0} MiB", rss as f64 / 1048576.0);
@@ -267,10 +269,11 @@ async fn small_batch_run(
     args: &BenchArgs,
     catalog: &Arc<dyn Catalog>,
     rng: &mut StdRng,
+    kind: &str,
     size: usize,
 ) -> Result<()> {
-    let target = format!("bench.t{size}");
-    let flow = bench_flow(&target)?;
+    let target = format!("bench.t{size}_{kind}");
+    let flow = kind_flow(&target, kind, &[])?;
     let mut engine =
         Engine::open(flow.clone(), catalog.clone(), Arc::new(Faults::default())).await?;
     // Load `size` distinct keys, 1M rows per commit.
@@ -307,7 +310,7 @@ async fn small_batch_run(
     let r = engine.apply(&small, now_ms()).await?;
     let apply_ms = t.elapsed().as_secs_f64() * 1e3;
     println!(
-        "one {}-event batch into a table of {} rows: {:.0} ms (upserts {}, deletes {}; loading the table took {:.1} s)",
+        "{kind}: one {}-event batch into a table of {} rows: {:.0} ms (upserts {}, deletes {}; loading the table took {:.1} s)",
         args.small_batch, size, apply_ms, r.stats.upserts, r.stats.deletes, load_secs
     );
     Ok(())
