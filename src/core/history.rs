@@ -19,7 +19,7 @@
 
 // hashbrown's default hasher (foldhash): keys are hashed on every event, and
 // SipHash showed in SCD Type 2 profiles.
-use hashbrown::{HashMap, HashSet};
+use hashbrown::HashMap;
 
 use arrow_array::{Array, ArrayRef, RecordBatch, StructArray, UInt32Array};
 use arrow_row::{RowConverter, Rows, SortField};
@@ -239,6 +239,9 @@ pub struct Event {
     /// Where the target row this event anchors sits: the version it opens
     /// (SCD Type 2) or the current row it last updated (SCD Type 1).
     pub loc: Option<Loc>,
+    /// Changed since the last state commit (new, or its location, values
+    /// or fingerprint moved): an appending history writes only these.
+    pub changed: bool,
 }
 
 impl Event {
@@ -254,9 +257,29 @@ pub struct History {
     pub files: FileTable,
     dirty: Vec<Box<[u8]>>,
     events: usize,
+    /// The state log only appends: each commit writes the events that
+    /// changed, and a key's events are the latest row of each sequence.
+    /// SCD Type 2 appends (it never forgets an event); SCD Type 1 with
+    /// `ignore_null_updates` forgets a deleted key after `tombstone_gc`,
+    /// so each commit writes a touched key's events whole, and a key's
+    /// events are those of its latest generation.
+    appends: bool,
 }
 
 impl History {
+    /// An empty history; `appends`: see the field.
+    pub fn new(appends: bool) -> History {
+        History {
+            appends,
+            ..History::default()
+        }
+    }
+
+    /// Whether the state log only appends changed events (SCD Type 2).
+    pub fn appends(&self) -> bool {
+        self.appends
+    }
+
     pub fn get(&self, key: &[u8]) -> Option<&[Event]> {
         self.keys.get(key).map(Vec::as_slice)
     }
@@ -282,14 +305,31 @@ impl History {
             .count()
     }
 
-    /// Replaces the events of `key` (sorted by sequence) and marks it dirty.
-    pub fn put(&mut self, key: Box<[u8]>, events: Vec<Event>) {
+    /// Replaces the events of `key` (sorted by sequence) and marks it dirty;
+    /// each event that differs from the one it replaces (or is new) is
+    /// marked changed.
+    ///
+    /// A key is dirty (listed once in `dirty`) while it has a changed event.
+    pub fn put(&mut self, key: Box<[u8]>, mut events: Vec<Event>) {
         debug_assert!(events.windows(2).all(|w| w[0].seq < w[1].seq));
         self.events += events.len();
-        if let Some(old) = self.keys.insert(key.clone(), events) {
-            self.events -= old.len();
+        let newly_dirty = match self.keys.get_mut(&*key) {
+            Some(old) => {
+                let was_dirty = old.iter().any(|e| e.changed);
+                mark_changed(old, &mut events);
+                self.events -= old.len();
+                *old = events;
+                !was_dirty && old.iter().any(|e| e.changed)
+            }
+            None => {
+                events.iter_mut().for_each(|e| e.changed = true);
+                self.keys.insert(key.clone(), events);
+                true
+            }
+        };
+        if newly_dirty {
+            self.dirty.push(key);
         }
-        self.dirty.push(key);
     }
 
     /// Moves target rows: every event whose `loc` `to` maps elsewhere takes
@@ -298,15 +338,17 @@ impl History {
     pub fn relocate(&mut self, mut to: impl FnMut(Loc) -> Option<Loc>) -> usize {
         let mut moved = 0;
         for (key, events) in self.keys.iter_mut() {
+            let was_dirty = events.iter().any(|e| e.changed);
             let mut changed = false;
             for e in events.iter_mut() {
                 if let Some(new) = e.loc.and_then(&mut to).filter(|n| Some(*n) != e.loc) {
                     e.loc = Some(new);
+                    e.changed = true;
                     changed = true;
                     moved += 1;
                 }
             }
-            if changed {
+            if changed && !was_dirty {
                 self.dirty.push(key.clone());
             }
         }
@@ -339,20 +381,32 @@ impl History {
         self.keys.iter().map(|(k, e)| (&**k, e.as_slice()))
     }
 
+    /// The keys with a changed event, each once.
     pub fn dirty(&self) -> impl Iterator<Item = (&[u8], &[Event])> + '_ {
-        let mut seen = HashSet::new();
         self.dirty
             .iter()
-            .filter(move |k| seen.insert(&***k))
             .filter_map(|k| self.keys.get(k).map(|e| (&**k, e.as_slice())))
     }
 
+    /// The rows the next state commit writes (unless whole).
     pub fn dirty_len(&self) -> usize {
-        self.dirty().map(|(_, e)| e.len()).sum()
+        self.dirty()
+            .map(|(_, e)| {
+                if self.appends {
+                    e.iter().filter(|e| e.changed).count()
+                } else {
+                    e.len()
+                }
+            })
+            .sum()
     }
 
     pub fn clear_dirty(&mut self) {
-        self.dirty.clear();
+        for k in std::mem::take(&mut self.dirty) {
+            if let Some(events) = self.keys.get_mut(&k) {
+                events.iter_mut().for_each(|e| e.changed = false);
+            }
+        }
     }
 
     /// SCD Type 1: forgets keys whose latest change is a delete committed
@@ -361,6 +415,7 @@ impl History {
     pub fn gc_tombstones(&mut self, cutoff_ms: i64) -> usize {
         let before = self.keys.len();
         let mut dropped = 0;
+        let mut dirty_dropped = false;
         self.keys.retain(|_, e| {
             let gone = e
                 .last()
@@ -368,10 +423,16 @@ impl History {
                 .is_some_and(|t| t < cutoff_ms);
             if gone {
                 dropped += e.len();
+                dirty_dropped |= e.iter().any(|e| e.changed);
             }
             !gone
         });
         self.events -= dropped;
+        if dirty_dropped {
+            // A key put again before the next commit is listed anew.
+            let keys = &self.keys;
+            self.dirty.retain(|k| keys.contains_key(k));
+        }
         before - self.keys.len()
     }
 
@@ -388,6 +449,23 @@ impl History {
                         .sum::<usize>()
             })
             .sum()
+    }
+}
+
+/// Marks each of `new` changed that is not in `old` as it is there (both
+/// sorted by sequence); a change not yet committed stays marked.
+fn mark_changed(old: &[Event], new: &mut [Event]) {
+    let mut o = old.iter().peekable();
+    for e in new.iter_mut() {
+        while o.next_if(|x| x.seq < e.seq).is_some() {}
+        let same = o.peek().is_some_and(|x| {
+            x.seq == e.seq
+                && x.fp == e.fp
+                && x.deleted_at_ms == e.deleted_at_ms
+                && x.loc == e.loc
+                && x.vals == e.vals
+        });
+        e.changed |= !same;
     }
 }
 
@@ -609,6 +687,7 @@ pub fn resolve(
                 deleted_at_ms: deleted(i).then_some(now_ms),
                 vals: Vals::new(vals.iter().map(|r| r.row(i).data())),
                 loc: None,
+                changed: false,
             };
             if let Some(e) = events.get(at).filter(|e| &*e.seq == seq) {
                 match same_sequence(flow, i, fp, e.fp, e.is_delete())? {

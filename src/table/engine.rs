@@ -268,7 +268,9 @@ impl DataWrite {
         match (&mut self.0).await {
             Ok(written) => written,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => Err(std::io::Error::other(format!("the data files' writer stopped: {e}")).into()),
+            Err(e) => {
+                Err(std::io::Error::other(format!("the data files' writer stopped: {e}")).into())
+            }
         }
     }
 }

@@ -86,7 +86,7 @@ impl FlowState {
         Ok(if flow.keeps_history() {
             FlowState::History {
                 codec: HistCodec::new(flow)?,
-                events: History::default(),
+                events: History::new(flow.scd2),
             }
         } else {
             FlowState::Keys(KeyIndex::new())
@@ -319,12 +319,24 @@ impl FlowState {
             FlowState::Keys(index) => {
                 state_table::to_batch(flow, codec, index, index.dirty(), generation)
             }
-            FlowState::History { codec: hc, events } if whole => {
-                state_table::history_to_batch(flow, codec, hc, events, events.iter(), generation)
-            }
-            FlowState::History { codec: hc, events } => {
-                state_table::history_to_batch(flow, codec, hc, events, events.dirty(), generation)
-            }
+            FlowState::History { codec: hc, events } if whole => state_table::history_to_batch(
+                flow,
+                codec,
+                hc,
+                events,
+                events.iter(),
+                generation,
+                false,
+            ),
+            FlowState::History { codec: hc, events } => state_table::history_to_batch(
+                flow,
+                codec,
+                hc,
+                events,
+                events.dirty(),
+                generation,
+                events.appends(),
+            ),
         }
     }
 

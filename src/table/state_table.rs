@@ -471,7 +471,8 @@ fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
     })
 }
 
-/// Encodes the events of `keys` as one batch of the state table, stamped `generation`.
+/// Encodes the events of `keys` as one batch of the state table, stamped
+/// `generation`; only those marked changed when `changed_only`.
 pub fn history_to_batch<'a>(
     flow: &Flow,
     codec: &Codec,
@@ -479,11 +480,12 @@ pub fn history_to_batch<'a>(
     hist: &History,
     keys: impl Iterator<Item = (&'a [u8], &'a [Event])>,
     generation: i64,
+    changed_only: bool,
 ) -> Result<RecordBatch> {
     let mut rows = EntryRows::new(codec);
     let mut vals: Vec<Vec<&[u8]>> = vec![Vec::new(); hc.cols.len()];
     for (key, events) in keys {
-        for e in events {
+        for e in events.iter().filter(|e| e.changed || !changed_only) {
             let loc = e.loc.map(|l| (hist.files.path(l.file), l.pos));
             rows.push(key, &e.seq, e.fp, e.deleted_at_ms, loc);
             for (j, v) in e.vals.iter().enumerate() {
@@ -514,8 +516,12 @@ fn cast_to_schema(cols: Vec<ArrayRef>, schema: &SchemaRef) -> Result<RecordBatch
     Ok(RecordBatch::try_new(schema.clone(), cols)?)
 }
 
-/// Loads state-table batches of a history flow: per key, the events of its
-/// highest generation. Returns the number of rows read.
+/// Loads state-table batches of a history flow. An appending history
+/// (`History::appends`) keeps per key and sequence the row of the highest
+/// generation; otherwise per key the events of its highest generation.
+/// (A log written whole per key reads the same either way: a key's event
+/// set only grows, or is replaced at the same sequence.) Returns the
+/// number of rows read.
 pub fn load_history(
     flow: &Flow,
     codec: &Codec,
@@ -523,8 +529,10 @@ pub fn load_history(
     hist: &mut History,
     batches: &[RecordBatch],
 ) -> Result<usize> {
-    // Per key: (generation, events).
-    let mut keys: HashMap<Box<[u8]>, (i64, Vec<Event>)> = HashMap::new();
+    // Per key: its highest generation, and (generation, event) of its rows.
+    type Rows = (i64, Vec<(i64, Event)>);
+    let appends = hist.appends();
+    let mut keys: HashMap<Box<[u8]>, Rows> = HashMap::new();
     let mut total = 0;
     for batch in batches {
         let k = codec.keys.convert_columns(&key_columns(flow, batch)?)?;
@@ -564,22 +572,29 @@ pub fn load_history(
                 deleted_at_ms: del.is_valid(r).then(|| del.value(r)),
                 vals: Vals::new(vals.iter().map(|v| v.row(r).data())),
                 loc,
+                changed: false,
             };
             let gen_ = g.value(r);
             let entry = keys
                 .entry(k.row(r).data().into())
                 .or_insert_with(|| (gen_, Vec::new()));
+            if appends {
+                entry.1.push((gen_, event));
+                continue;
+            }
             if gen_ > entry.0 {
                 *entry = (gen_, Vec::new());
             }
             if gen_ == entry.0 {
-                entry.1.push(event);
+                entry.1.push((gen_, event));
             }
         }
     }
     for (key, (_, mut events)) in keys {
-        events.sort_by(|a, b| a.seq.cmp(&b.seq));
-        hist.put(key, events);
+        // By sequence, the highest generation first; then one per sequence.
+        events.sort_by(|(ga, a), (gb, b)| a.seq.cmp(&b.seq).then(gb.cmp(ga)));
+        events.dedup_by(|(_, later), (_, first)| later.seq == first.seq);
+        hist.put(key, events.into_iter().map(|(_, e)| e).collect());
     }
     hist.clear_dirty();
     Ok(total)

@@ -314,7 +314,9 @@ pub async fn write_layout(
                 // A bug in a writer is the commit's bug: raised where the
                 // commit runs, as if the file were written there.
                 Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                Err(e) => Err(std::io::Error::other(format!("a data file's writer stopped: {e}")).into()),
+                Err(e) => {
+                    Err(std::io::Error::other(format!("a data file's writer stopped: {e}")).into())
+                }
             }
         }
     });

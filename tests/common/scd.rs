@@ -204,6 +204,8 @@ pub struct HistSim {
     codec: Codec,
     hc: HistCodec,
     pub hist: History,
+    /// The state log: each apply's delta, as the engine commits it.
+    log: Vec<RecordBatch>,
     files: Vec<(String, Vec<Option<Vec<String>>>)>,
     target_arrow: arrow_schema::SchemaRef,
     pub now_ms: i64,
@@ -218,8 +220,9 @@ impl HistSim {
             target_arrow: Arc::new(
                 iceberg::arrow::schema_to_arrow_schema(&flow.target_schema).unwrap(),
             ),
+            hist: History::new(flow.scd2),
             flow,
-            hist: History::default(),
+            log: Vec::new(),
             files: Vec::new(),
             now_ms: 1_000,
             stats: BatchStats::default(),
@@ -269,30 +272,52 @@ impl HistSim {
             .push((path, rows.into_iter().map(Some).collect()));
         let stats = plan.stats;
         history::apply(&mut self.hist, plan, &locs);
+        let generation = self.log.len() as i64 + 1;
+        self.log.push(
+            state_table::history_to_batch(
+                &self.flow,
+                &self.codec,
+                &self.hc,
+                &self.hist,
+                self.hist.dirty(),
+                generation,
+                self.hist.appends(),
+            )
+            .unwrap(),
+        );
+        self.hist.clear_dirty();
         self.stats.add(&stats);
         self.now_ms += 1;
         Ok(stats)
     }
 
-    /// Persists the history to the state-table form and loads it back.
+    /// Writes the state log as autocdc did before SCD Type 2 appended:
+    /// each commit rewrites a touched key's events whole. Restarts still
+    /// load it as the flow's own kind of log.
+    pub fn writing_whole_keys(mut self) -> HistSim {
+        self.hist = History::new(false);
+        self
+    }
+
+    /// Loads the history back from the state log (every apply's delta),
+    /// as a restarted engine does, and checks it is the one in memory.
     pub fn restart(&mut self) {
-        let b = state_table::history_to_batch(
-            &self.flow,
-            &self.codec,
-            &self.hc,
-            &self.hist,
-            self.hist.iter(),
-            7,
-        )
-        .unwrap();
-        let mut fresh = History::default();
+        let mut fresh = History::new(self.flow.scd2);
         // Same file ids as before: intern the paths in order.
         for (p, _) in &self.files {
             fresh.files.intern(p);
         }
-        state_table::load_history(&self.flow, &self.codec, &self.hc, &mut fresh, &[b]).unwrap();
+        state_table::load_history(&self.flow, &self.codec, &self.hc, &mut fresh, &self.log)
+            .unwrap();
         assert_eq!(fresh.len(), self.hist.len());
         assert_eq!(fresh.events(), self.hist.events());
+        for (key, events) in self.hist.iter() {
+            assert_eq!(
+                fresh.get(key),
+                Some(events),
+                "the events of a key, reloaded"
+            );
+        }
         self.hist = fresh;
     }
 
