@@ -189,3 +189,99 @@ proptest! {
         run(Shape { scd2: false, untracked_note: false, ignore_nulls: true, ties_error: true, city_only_nulls: false }, &changes, order_seed, &cuts, &restarts)?;
     }
 }
+
+/// A plan with its parts in a canonical order: the keys' changes (with the
+/// rows each writes), the positions and rows it removes, and its counts.
+fn canonical(p: &autocdc::core::history::Plan) -> (String, Vec<String>, Vec<String>, Vec<String>) {
+    let mut changes: Vec<String> = p
+        .changes
+        .iter()
+        .map(|c| {
+            let rows: Vec<String> = c
+                .pending
+                .iter()
+                .map(|&(at, ord)| format!("{at}:{:?}", p.inserts[ord as usize]))
+                .collect();
+            format!("{:?} {:?} {rows:?}", c.key, c.events)
+        })
+        .collect();
+    changes.sort();
+    let positions = p
+        .remove_positions
+        .iter()
+        .map(|l| format!("{l:?}"))
+        .collect();
+    let mut removed: Vec<String> = p.remove_rows.iter().map(|r| format!("{r:?}")).collect();
+    removed.sort();
+    (format!("{:?}", p.stats), changes, positions, removed)
+}
+
+/// Large history batches are resolved on two threads, each taking half of
+/// the keys: the joined plan is the single pass's, for a first batch and
+/// for a second one full of late changes, duplicates and ties.
+#[test]
+fn a_large_history_batch_resolved_on_two_threads_plans_as_one_pass() {
+    use autocdc::core::history;
+    use autocdc::core::resolve::Codec;
+    use autocdc::core::state::Loc;
+    use autocdc::table::flow_state::{FlowState, Plan};
+    for shape in [
+        Shape {
+            untracked_note: true,
+            ..SCD2
+        },
+        Shape {
+            scd2: false,
+            untracked_note: false,
+            ignore_nulls: true,
+            ties_error: false,
+            city_only_nulls: false,
+        },
+    ] {
+        let flow = people(shape, "crm.people");
+        let codec = Codec::new(&flow).unwrap();
+        let mut state = FlowState::new(&flow).unwrap();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for (round, file) in ["f1", "f2"].into_iter().enumerate() {
+            let evs: Vec<PEv> = (0..20_000)
+                .map(|_| {
+                    let (k, s) = (next(3_000) as i64, next(40) as i64 + round as i64 * 20);
+                    if next(10) == 0 {
+                        del(k, s)
+                    } else {
+                        (
+                            k,
+                            false,
+                            CITIES[next(4) as usize],
+                            NOTES[next(3) as usize],
+                            s,
+                        )
+                    }
+                })
+                .collect();
+            let batch = people_batch(&flow, &evs);
+            let plan = state
+                .plan(&flow, &codec, &batch, true, 1_000, None)
+                .unwrap();
+            let Plan::History(split) = &plan else {
+                panic!("a history flow")
+            };
+            let FlowState::History { codec: hc, events } = &state else {
+                panic!("a history flow")
+            };
+            let single =
+                history::resolve(&flow, &codec, hc, &batch, events, true, 1_000, None).unwrap();
+            assert_eq!(canonical(split), canonical(&single), "round {round}");
+            let inserts = split.inserts.len() as u32;
+            let id = state.files_mut().intern(file);
+            let locs: Vec<Loc> = (0..inserts).map(|pos| Loc { file: id, pos }).collect();
+            state.apply(&flow, plan, &locs, 1_000, i64::MIN);
+        }
+    }
+}

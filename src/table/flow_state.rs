@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use arrow_array::cast::AsArray;
 use arrow_array::{BooleanArray, RecordBatch, UInt32Array};
 use arrow_schema::SchemaRef;
 use arrow_select::take::take;
@@ -13,7 +14,7 @@ use arrow_select::take::take;
 use crate::core::flow::Flow;
 use crate::core::history::{self, Folding, HistCodec, History};
 use crate::core::resolve::{self, BatchStats, Codec, Resolution};
-use crate::core::state::{FileTable, KeyIndex, Loc, Value};
+use crate::core::state::{FileTable, KeyIndex, Loc, Value, hash_key};
 use crate::error::{Error, Result, codes};
 use crate::table::state_table;
 
@@ -191,7 +192,7 @@ impl FlowState {
                 state_complete,
                 forced_deletes,
             )?),
-            FlowState::History { codec: hc, events } => Plan::History(history::resolve(
+            FlowState::History { codec: hc, events } => Plan::History(resolve_history(
                 flow,
                 codec,
                 hc,
@@ -347,6 +348,81 @@ impl FlowState {
             FlowState::History { events, .. } => events.clear_dirty(),
         }
     }
+}
+
+/// History batches of at least this many rows are resolved on two threads.
+const SPLIT_ROWS: usize = 8192;
+
+/// Resolves a batch of a history flow. A large batch is split by key hash
+/// in two halves resolved on two threads (the keys are independent), and
+/// the two plans are joined. A rejected half is resolved again whole, so
+/// the error is the one a single pass names.
+#[allow(clippy::too_many_arguments)] // the resolver's inputs, each passed on
+fn resolve_history(
+    flow: &Flow,
+    codec: &Codec,
+    hc: &HistCodec,
+    batch: &RecordBatch,
+    hist: &History,
+    state_complete: bool,
+    now_ms: i64,
+    forced: Option<&BooleanArray>,
+) -> Result<history::Plan> {
+    let whole = || history::resolve(flow, codec, hc, batch, hist, state_complete, now_ms, forced);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 2 || batch.num_rows() < SPLIT_ROWS || resolve::validate(flow, batch).is_err() {
+        return whole();
+    }
+    let key_cols: Vec<_> = flow
+        .key_idx
+        .iter()
+        .map(|&i| batch.column(i).clone())
+        .collect();
+    let keys = codec.keys.convert_columns(&key_cols)?;
+    let mut halves: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+    for (i, k) in keys.iter().enumerate() {
+        halves[(hash_key(k.as_ref()) & 1) as usize].push(i as u32);
+    }
+    let part = |rows: &[u32]| -> Result<(RecordBatch, Option<BooleanArray>)> {
+        let idx = UInt32Array::from(rows.to_vec());
+        let b = arrow_select::take::take_record_batch(batch, &idx)?;
+        let f = forced
+            .map(|f| Ok::<_, Error>(take(f, &idx, None)?.as_boolean().clone()))
+            .transpose()?;
+        Ok((b, f))
+    };
+    let (b0, f0) = part(&halves[0])?;
+    let (b1, f1) = part(&halves[1])?;
+    let half = |b: &RecordBatch, f: Option<&BooleanArray>| {
+        history::resolve(flow, codec, hc, b, hist, state_complete, now_ms, f)
+    };
+    let (p0, p1) = std::thread::scope(|s| {
+        let other = s.spawn(|| half(&b1, f1.as_ref()));
+        let mine = half(&b0, f0.as_ref());
+        match other.join() {
+            Ok(theirs) => (mine, theirs),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    });
+    match (p0, p1) {
+        (Ok(a), Ok(b)) => Ok(join_plans(a, b)),
+        _ => whole(),
+    }
+}
+
+/// One plan of two halves of a batch with no key in common.
+fn join_plans(mut a: history::Plan, b: history::Plan) -> history::Plan {
+    let offset = a.inserts.len() as u32;
+    a.inserts.extend(b.inserts);
+    a.remove_positions.extend(b.remove_positions);
+    a.remove_positions.sort_unstable();
+    a.remove_rows.extend(b.remove_rows);
+    a.changes.extend(b.changes.into_iter().map(|mut c| {
+        c.pending.iter_mut().for_each(|p| p.1 += offset);
+        c
+    }));
+    a.stats.add(&b.stats);
+    a
 }
 
 /// An SCD Type 1 flow's state keeps sequences, not values.
