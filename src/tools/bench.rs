@@ -105,7 +105,12 @@ fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
 
 /// Peak resident set size of this process, from /proc (Linux).
 pub fn peak_rss_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    peak_rss_of("self")
+}
+
+/// Peak resident set size of process `pid` ("self": this one), from /proc.
+pub fn peak_rss_of(pid: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)

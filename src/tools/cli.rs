@@ -133,7 +133,7 @@ pub enum Command {
     /// snapshots, manifests, files, disk and scan time every 1,000 commits
     /// (see README, "Maintenance").
     BenchLong(crate::tools::bench_long::BenchLongArgs),
-    /// Load-test `autocdc serve` (in this process) over HTTP with NDJSON and Arrow IPC.
+    /// Load-test `autocdc serve` (started in its own process) over HTTP with NDJSON and Arrow IPC.
     BenchServe(crate::tools::loadgen::LoadArgs),
     /// Run `autocdc serve` in a child process under a steady load for a while;
     /// sample commit rate, latency, memory, fds, log, metadata, files and scan

@@ -1,8 +1,9 @@
 //! `autocdc bench-serve`: a load generator for `autocdc serve`. Starts the
-//! service in this process on a loopback port (or targets `--url`), pushes
-//! pre-encoded batches of NDJSON and Arrow IPC from several connections,
-//! and reports events/s acknowledged and committed, acknowledgement latency
-//! percentiles, commit lag and peak RSS.
+//! service in its own process (this binary's `serve`) on a loopback port,
+//! so the client does not take the server's cores, pushes pre-encoded
+//! batches of NDJSON and Arrow IPC from several connections, and reports
+//! events/s acknowledged and committed, acknowledgement latency
+//! percentiles, commit lag and the peak RSS of server and client.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,7 +16,6 @@ use rand::rngs::StdRng;
 use crate::config::{CatalogConfig, Config, ServerConfig};
 use crate::core::flow::Flow;
 use crate::error::{Error, Result};
-use crate::fault::Faults;
 use crate::service::input;
 use crate::tools::generate;
 
@@ -124,9 +124,12 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         cfg.max_uncommitted_bytes = Some(8 << 30);
         flows.push(cfg);
     }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let config = Config {
         server: ServerConfig {
-            listen: "127.0.0.1:0".into(),
+            listen: format!("127.0.0.1:{port}"),
             data_dir: tmp.join("data").to_string_lossy().to_string(),
             max_body_bytes: 256 << 20,
             ..ServerConfig::default()
@@ -139,14 +142,31 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         maintenance: Default::default(),
         ingest: Default::default(),
     };
-    let running = crate::service::http::start(config, Arc::new(Faults::default())).await?;
+    std::fs::create_dir_all(&tmp)?;
+    let config_path = tmp.join("bench-serve.toml");
+    std::fs::write(
+        &config_path,
+        toml::to_string(&config).map_err(|e| Error::Config(e.to_string()))?,
+    )?;
+    let log = std::fs::File::create(tmp.join("serve.log"))?;
+    let mut server = Server(
+        std::process::Command::new(std::env::current_exe()?)
+            .arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?,
+    );
+    let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(a.connections)
         .build()
         .map_err(|e| Error::Unavailable(e.to_string()))?;
+    crate::tools::soak::wait_ready(&client, &base, &mut server.0).await?;
     println!(
-        "bench-serve: {} events over {} keys per format, {} per request, {} connections, commit_interval {}, server in-process on {}",
-        a.events, a.keys, a.batch_rows, a.connections, a.commit_interval, running.addr
+        "bench-serve: {} events over {} keys per format, {} per request, {} connections, commit_interval {}, server: `autocdc serve` in its own process on {base}",
+        a.events, a.keys, a.batch_rows, a.connections, a.commit_interval
     );
     println!(
         "{:<7} {:>14} {:>14} {:>10} {:>10} {:>12} {:>9}",
@@ -168,7 +188,7 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         } else {
             crate::service::http::ARROW_STREAM
         };
-        let url = format!("http://{}/v1/flows/{name}/changes", running.addr);
+        let url = format!("{base}/v1/flows/{name}/changes");
         let next = Arc::new(AtomicUsize::new(0));
         let throttled = Arc::new(AtomicUsize::new(0));
         let start = Instant::now();
@@ -190,11 +210,17 @@ pub async fn run(a: LoadArgs) -> Result<()> {
             lat.extend(t.await.map_err(|e| Error::Unavailable(e.to_string()))??);
         }
         let acked = start.elapsed();
-        let rt = running.service.flow(&name)?;
-        let last = rt.status().wal.next_offset - 1;
-        rt.commit_soon();
-        let mut rx = rt.subscribe();
-        let _ = rx.wait_for(|c| c.offset >= last).await;
+        // Commits now and answers once every acknowledged batch is committed.
+        let r = client
+            .post(format!("{base}/v1/flows/{name}/commit"))
+            .send()
+            .await
+            .map_err(|e| Error::Unavailable(e.to_string()))?;
+        if !r.status().is_success() {
+            let s = r.status();
+            let text = r.text().await.unwrap_or_default();
+            return Err(Error::Unavailable(format!("commit: {s}: {text}")));
+        }
         let committed = start.elapsed();
         lat.sort_by(|x, y| x.total_cmp(y));
         let ev = a.events as f64;
@@ -209,13 +235,22 @@ pub async fn run(a: LoadArgs) -> Result<()> {
             throttled.load(Ordering::Relaxed)
         );
     }
-    if let Some(rss) = crate::tools::bench::peak_rss_bytes() {
-        println!(
-            "peak RSS (server and client in one process): {} MiB",
-            rss >> 20
-        );
+    let server_rss = crate::tools::bench::peak_rss_of(&server.0.id().to_string());
+    let client_rss = crate::tools::bench::peak_rss_bytes();
+    if let (Some(s), Some(c)) = (server_rss, client_rss) {
+        println!("peak RSS: server {} MiB, client {} MiB", s >> 20, c >> 20);
     }
-    running.stop().await?;
+    drop(server);
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(())
+}
+
+/// The `autocdc serve` child; killed and reaped when dropped.
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -372,7 +372,7 @@ pub async fn run(a: SoakArgs) -> Result<()> {
     }
 }
 
-async fn wait_ready(
+pub(crate) async fn wait_ready(
     client: &reqwest::Client,
     base: &str,
     child: &mut std::process::Child,
