@@ -377,6 +377,38 @@ pub(crate) fn mask(
         .transpose()
 }
 
+/// The hash bit that splits a batch's keys in two halves: above the bits a
+/// table of under 2^56 buckets indexes by, below the 7 it keeps as tags.
+const HALF_BIT: u32 = 56;
+
+/// Which half (0 or 1) of a batch split in two a key of hash `hash` goes to.
+pub(crate) fn half_of(hash: u64) -> usize {
+    ((hash >> HALF_BIT) & 1) as usize
+}
+
+/// Runs two independent pieces of work and returns both results. The core
+/// starts no threads: the caller decides whether the two run side by side.
+pub trait Join {
+    fn join<A: Send, B: Send>(
+        &self,
+        a: impl FnOnce() -> A + Send,
+        b: impl FnOnce() -> B + Send,
+    ) -> (A, B);
+}
+
+/// One piece of work after the other.
+pub struct Sequential;
+
+impl Join for Sequential {
+    fn join<A: Send, B: Send>(
+        &self,
+        a: impl FnOnce() -> A + Send,
+        b: impl FnOnce() -> B + Send,
+    ) -> (A, B) {
+        (a(), b())
+    }
+}
+
 /// Resolves `batch` (columns in `flow.source_arrow` order) against `state`.
 ///
 /// `state_complete` says every row in the target was written by autocdc and
@@ -390,67 +422,124 @@ pub fn resolve(
     state_complete: bool,
     forced_deletes: Option<&arrow_array::BooleanArray>,
 ) -> Result<Resolution> {
+    let split = Split {
+        join: &Sequential,
+        halves: false,
+    };
+    resolve_as(
+        flow,
+        codec,
+        batch,
+        state,
+        state_complete,
+        forced_deletes,
+        split,
+    )
+}
+
+/// How `resolve_as` runs: its independent pieces of work through `join`,
+/// and the batch's keys in two hash halves when `halves`.
+pub struct Split<'a, J: Join> {
+    pub join: &'a J,
+    pub halves: bool,
+}
+
+/// `resolve`, in pieces: the fingerprints are computed beside the keys and
+/// sequences, then (`halves`) the keys of each hash half are resolved apart
+/// (keys are independent) and the two are merged in row order. The
+/// resolution is the single pass's; when a half is rejected the batch is
+/// resolved again whole, so the error is the one a single pass names.
+pub fn resolve_as<J: Join>(
+    flow: &Flow,
+    codec: &Codec,
+    batch: &RecordBatch,
+    state: &KeyIndex,
+    state_complete: bool,
+    forced_deletes: Option<&arrow_array::BooleanArray>,
+    split: Split<'_, J>,
+) -> Result<Resolution> {
     validate(flow, batch)?;
     let n = batch.num_rows();
-    let key_cols: Vec<ArrayRef> = flow
-        .key_idx
-        .iter()
-        .map(|&i| batch.column(i).clone())
-        .collect();
-    let seq_cols: Vec<ArrayRef> = flow
-        .seq_idx
-        .iter()
-        .map(|&i| batch.column(i).clone())
-        .collect();
-    let keys = codec.keys.convert_columns(&key_cols)?;
-    let seqs = codec.seqs.convert_columns(&seq_cols)?;
-    let mut fingerprints = codec.fingerprints(batch)?;
+    let (encoded, fingerprints) = split
+        .join
+        .join(|| encode(flow, codec, batch), || codec.fingerprints(batch));
+    let Encoded {
+        keys,
+        seqs,
+        hashes,
+        is_delete,
+    } = encoded?;
+    let mut fingerprints = fingerprints?;
     sentinel_fingerprints(&mut fingerprints, forced_deletes);
-    let hashes: Vec<u64> = keys.iter().map(|k| hash_key(k.as_ref())).collect();
-    let is_delete = mask(flow, flow.deletes.as_ref(), batch)?;
     let deleted = |i: usize| {
         is_delete.as_ref().is_some_and(|d| d.value(i)) || forced_deletes.is_some_and(|d| d.value(i))
+    };
+    let rows = BatchRows {
+        flow,
+        keys: &keys,
+        seqs: &seqs,
+        hashes: &hashes,
+        fingerprints: &fingerprints,
+        state,
     };
 
     let mut stats = BatchStats {
         rows_in: n as u64,
         ..Default::default()
     };
+    // 1. The winner of each key within the batch, and what it does against the state.
+    let applied = if split.halves {
+        let (mine, theirs) = split
+            .join
+            .join(|| rows.decide(Some(0)), || rows.decide(Some(1)));
+        match (mine, theirs) {
+            (Ok((a, sa)), Ok((b, sb))) => {
+                stats.add(&sa);
+                stats.add(&sb);
+                merge_by_row(a, b)
+            }
+            _ => {
+                let (a, sa) = rows.decide(None)?;
+                stats.add(&sa);
+                a
+            }
+        }
+    } else {
+        let (a, sa) = rows.decide(None)?;
+        stats.add(&sa);
+        a
+    };
 
-    // 1. The winner of each key within the batch.
-    let rows = winners(flow, &keys, &seqs, &hashes, &fingerprints, &mut stats)?;
-
-    // 2. Each winner against the state.
+    // 2. The rows to write and remove, in row order.
     let mut inserts = Vec::new();
     let mut remove_positions = Vec::new();
     let mut remove_keys = Vec::new();
-    let mut changes = Vec::with_capacity(rows.len());
-    for &r in &rows {
+    let mut changes = Vec::with_capacity(applied.len());
+    for Applied {
+        row: r,
+        replaces,
+        slot,
+    } in applied
+    {
         let i = r as usize;
-        let (k, s, fp) = (keys.row(i), seqs.row(i), fingerprints[i]);
-        let current = state.get_hashed(hashes[i], k.as_ref());
-        match against_state(flow, i, s.as_ref(), fp, current, &mut stats)? {
-            Against::Skip => continue,
-            Against::Apply { replaces } => match replaces {
-                Some(Value::Live(Some(loc))) if state.files.is_live(loc.file) => {
-                    remove_positions.push(loc);
-                    stats.removed_by_position += 1;
-                }
-                // Unknown position, or its file was rewritten by another writer.
-                Some(Value::Live(_)) => {
-                    remove_keys.push(r);
-                    stats.removed_by_key += 1;
-                }
-                Some(Value::Tombstone { .. }) => {}
-                // A key new to the state may still have a row autocdc did not write.
-                None if !state_complete => {
-                    remove_keys.push(r);
-                    stats.removed_by_key += 1;
-                }
-                None => {}
-            },
+        match replaces {
+            Some(Value::Live(Some(loc))) if state.files.is_live(loc.file) => {
+                remove_positions.push(loc);
+                stats.removed_by_position += 1;
+            }
+            // Unknown position, or its file was rewritten by another writer.
+            Some(Value::Live(_)) => {
+                remove_keys.push(r);
+                stats.removed_by_key += 1;
+            }
+            Some(Value::Tombstone { .. }) => {}
+            // A key new to the state may still have a row autocdc did not write.
+            None if !state_complete => {
+                remove_keys.push(r);
+                stats.removed_by_key += 1;
+            }
+            None => {}
         }
-        let slot = current.map(|e| e.slot);
         if deleted(i) {
             stats.deletes += 1;
             changes.push(Change {
@@ -486,52 +575,142 @@ pub fn resolve(
     })
 }
 
-/// The row of each key's winning change within the batch (ascending);
-/// the others are counted stale, duplicate or tie losers in `stats`.
-fn winners(
-    flow: &Flow,
-    keys: &Rows,
-    seqs: &Rows,
-    hashes: &[u64],
-    fingerprints: &[u64],
-    stats: &mut BatchStats,
-) -> Result<Vec<u32>> {
-    let n = hashes.len();
-    let mut winners: HashTable<u32> = HashTable::with_capacity(n);
-    for i in 0..n {
-        let (h, k, s, fp) = (hashes[i], keys.row(i), seqs.row(i), fingerprints[i]);
-        match winners.find_mut(h, |&w| eq_bytes(keys.row(w as usize).as_ref(), k.as_ref())) {
-            None => {
-                winners.insert_unique(h, i as u32, |&w| hashes[w as usize]);
+/// Every row's encoded key and sequence, key hash and delete flag.
+struct Encoded {
+    keys: Rows,
+    seqs: Rows,
+    hashes: Vec<u64>,
+    is_delete: Option<arrow_array::BooleanArray>,
+}
+
+fn encode(flow: &Flow, codec: &Codec, batch: &RecordBatch) -> Result<Encoded> {
+    let cols =
+        |idx: &[usize]| -> Vec<ArrayRef> { idx.iter().map(|&i| batch.column(i).clone()).collect() };
+    let keys = codec.keys.convert_columns(&cols(&flow.key_idx))?;
+    let seqs = codec.seqs.convert_columns(&cols(&flow.seq_idx))?;
+    let hashes = keys.iter().map(|k| hash_key(k.as_ref())).collect();
+    let is_delete = mask(flow, flow.deletes.as_ref(), batch)?;
+    Ok(Encoded {
+        keys,
+        seqs,
+        hashes,
+        is_delete,
+    })
+}
+
+/// A batch winner that applies against the state.
+struct Applied {
+    row: u32,
+    /// The key's value in the state (None: the key is new).
+    replaces: Option<Value>,
+    /// The key's slot in the state (a lookup hint for `apply`).
+    slot: Option<u32>,
+}
+
+/// Two row-ordered lists of winners of disjoint keys, as one.
+fn merge_by_row(a: Vec<Applied>, b: Vec<Applied>) -> Vec<Applied> {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    loop {
+        let next = match (a.peek(), b.peek()) {
+            (Some(x), Some(y)) if x.row < y.row => a.next(),
+            (Some(_), Some(_)) => b.next(),
+            (Some(_), None) => a.next(),
+            (None, Some(_)) => b.next(),
+            (None, None) => break,
+        };
+        out.extend(next);
+    }
+    out
+}
+
+/// A batch's encoded rows and the state they are resolved against.
+struct BatchRows<'a> {
+    flow: &'a Flow,
+    keys: &'a Rows,
+    seqs: &'a Rows,
+    hashes: &'a [u64],
+    fingerprints: &'a [u64],
+    state: &'a KeyIndex,
+}
+
+impl BatchRows<'_> {
+    /// The winners of the keys of hash half `half` (every key when None)
+    /// that apply against the state, in row order; the other rows are
+    /// counted stale, duplicate or tie losers in the stats returned.
+    fn decide(&self, half: Option<usize>) -> Result<(Vec<Applied>, BatchStats)> {
+        let mut stats = BatchStats::default();
+        let rows = self.winners(half, &mut stats)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let i = r as usize;
+            let current = self
+                .state
+                .get_hashed(self.hashes[i], self.keys.row(i).as_ref());
+            let seq = self.seqs.row(i);
+            let fp = self.fingerprints[i];
+            if let Against::Apply { replaces } =
+                against_state(self.flow, i, seq.as_ref(), fp, current, &mut stats)?
+            {
+                out.push(Applied {
+                    row: r,
+                    replaces,
+                    slot: current.map(|e| e.slot),
+                });
             }
-            Some(w) => {
-                let b = *w as usize;
-                let bs = seqs.row(b);
-                match s.as_ref().cmp(bs.as_ref()) {
-                    Ordering::Less => stats.stale += 1,
-                    Ordering::Greater => {
-                        stats.stale += 1;
-                        *w = i as u32;
-                    }
-                    // Within a batch no change is a sentinel to the others.
-                    Ordering::Equal => match same_sequence(flow, i, fp, fingerprints[b], false)? {
-                        SameSequence::Duplicate => stats.duplicates += 1,
-                        SameSequence::Tie { wins } => {
-                            stats.ties += 1;
-                            stats.tie_losers += 1;
-                            if wins {
-                                *w = i as u32;
+        }
+        Ok((out, stats))
+    }
+
+    /// The row of each key's winning change within the batch (ascending),
+    /// over the keys of hash half `half` (all when None).
+    fn winners(&self, half: Option<usize>, stats: &mut BatchStats) -> Result<Vec<u32>> {
+        let (keys, seqs, hashes, fingerprints) =
+            (self.keys, self.seqs, self.hashes, self.fingerprints);
+        let n = hashes.len();
+        let mut winners: HashTable<u32> =
+            HashTable::with_capacity(if half.is_some() { n / 2 + n / 16 } else { n });
+        for i in 0..n {
+            let h = hashes[i];
+            if half.is_some_and(|half| half_of(h) != half) {
+                continue;
+            }
+            let (k, s, fp) = (keys.row(i), seqs.row(i), fingerprints[i]);
+            match winners.find_mut(h, |&w| eq_bytes(keys.row(w as usize).as_ref(), k.as_ref())) {
+                None => {
+                    winners.insert_unique(h, i as u32, |&w| hashes[w as usize]);
+                }
+                Some(w) => {
+                    let b = *w as usize;
+                    let bs = seqs.row(b);
+                    match s.as_ref().cmp(bs.as_ref()) {
+                        Ordering::Less => stats.stale += 1,
+                        Ordering::Greater => {
+                            stats.stale += 1;
+                            *w = i as u32;
+                        }
+                        // Within a batch no change is a sentinel to the others.
+                        Ordering::Equal => {
+                            match same_sequence(self.flow, i, fp, fingerprints[b], false)? {
+                                SameSequence::Duplicate => stats.duplicates += 1,
+                                SameSequence::Tie { wins } => {
+                                    stats.ties += 1;
+                                    stats.tie_losers += 1;
+                                    if wins {
+                                        *w = i as u32;
+                                    }
+                                }
+                                SameSequence::ReplacesSentinel => *w = i as u32,
                             }
                         }
-                        SameSequence::ReplacesSentinel => *w = i as u32,
-                    },
+                    }
                 }
             }
         }
+        let mut rows: Vec<u32> = winners.into_iter().collect();
+        rows.sort_unstable();
+        Ok(rows)
     }
-    let mut rows: Vec<u32> = winners.into_iter().collect();
-    rows.sort_unstable();
-    Ok(rows)
 }
 
 /// What a batch's winning change does against the key's state entry.

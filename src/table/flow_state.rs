@@ -13,7 +13,7 @@ use arrow_select::take::take;
 
 use crate::core::flow::Flow;
 use crate::core::history::{self, Folding, HistCodec, History};
-use crate::core::resolve::{self, BatchStats, Codec, Resolution};
+use crate::core::resolve::{self, BatchStats, Codec, Join, Resolution};
 use crate::core::state::{FileTable, KeyIndex, Loc, Value, hash_key};
 use crate::error::{Error, Result, codes};
 use crate::table::state_table;
@@ -184,13 +184,17 @@ impl FlowState {
         forced_deletes: Option<&BooleanArray>,
     ) -> Result<Plan> {
         Ok(match self {
-            FlowState::Keys(index) => Plan::Keys(resolve::resolve(
+            FlowState::Keys(index) => Plan::Keys(resolve::resolve_as(
                 flow,
                 codec,
                 batch,
                 index,
                 state_complete,
                 forced_deletes,
+                resolve::Split {
+                    join: &Threads,
+                    halves: two_threads(batch),
+                },
             )?),
             FlowState::History { codec: hc, events } => Plan::History(resolve_history(
                 flow,
@@ -350,8 +354,37 @@ impl FlowState {
     }
 }
 
-/// History batches of at least this many rows are resolved on two threads.
+/// Batches of at least this many rows are resolved on two threads (when
+/// the machine has two cores): below it a thread costs more than it saves.
 const SPLIT_ROWS: usize = 8192;
+
+/// Whether `batch` is resolved on two threads.
+fn two_threads(batch: &RecordBatch) -> bool {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    cores >= 2 && batch.num_rows() >= SPLIT_ROWS
+}
+
+/// The resolver's two pieces of work on two threads (scoped: a panic in
+/// either goes on in the caller).
+struct Threads;
+
+impl Join for Threads {
+    fn join<A: Send, B: Send>(
+        &self,
+        a: impl FnOnce() -> A + Send,
+        b: impl FnOnce() -> B + Send,
+    ) -> (A, B) {
+        std::thread::scope(|s| {
+            let other = s.spawn(b);
+            let mine = a();
+            match other.join() {
+                Ok(theirs) => (mine, theirs),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
+    }
+}
 
 /// Resolves a batch of a history flow. A large batch is split by key hash
 /// in two halves resolved on two threads (the keys are independent), and
@@ -369,8 +402,7 @@ fn resolve_history(
     forced: Option<&BooleanArray>,
 ) -> Result<history::Plan> {
     let whole = || history::resolve(flow, codec, hc, batch, hist, state_complete, now_ms, forced);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cores < 2 || batch.num_rows() < SPLIT_ROWS || resolve::validate(flow, batch).is_err() {
+    if !two_threads(batch) || resolve::validate(flow, batch).is_err() {
         return whole();
     }
     let key_cols: Vec<_> = flow
@@ -381,7 +413,7 @@ fn resolve_history(
     let keys = codec.keys.convert_columns(&key_cols)?;
     let mut halves: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
     for (i, k) in keys.iter().enumerate() {
-        halves[(hash_key(k.as_ref()) & 1) as usize].push(i as u32);
+        halves[resolve::half_of(hash_key(k.as_ref()))].push(i as u32);
     }
     let part = |rows: &[u32]| -> Result<(RecordBatch, Option<BooleanArray>)> {
         let idx = UInt32Array::from(rows.to_vec());
@@ -396,14 +428,7 @@ fn resolve_history(
     let half = |b: &RecordBatch, f: Option<&BooleanArray>| {
         history::resolve(flow, codec, hc, b, hist, state_complete, now_ms, f)
     };
-    let (p0, p1) = std::thread::scope(|s| {
-        let other = s.spawn(|| half(&b1, f1.as_ref()));
-        let mine = half(&b0, f0.as_ref());
-        match other.join() {
-            Ok(theirs) => (mine, theirs),
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
-    });
+    let (p0, p1) = Threads.join(|| half(&b0, f0.as_ref()), || half(&b1, f1.as_ref()));
     match (p0, p1) {
         (Ok(a), Ok(b)) => Ok(join_plans(a, b)),
         _ => whole(),
