@@ -109,3 +109,72 @@ proptest! {
         }
     }
 }
+
+/// A large SCD Type 1 batch goes through `FlowState::plan`, which resolves
+/// it on two threads (8,192 rows or more on a machine with two cores): the
+/// plan is the single pass's, round after round against the state it left,
+/// and a tie under `on_sequence_tie = "error"` names the single pass's row.
+#[test]
+fn a_large_batch_resolved_on_two_threads_plans_as_one_pass() {
+    use autocdc::core::resolve::{self, Codec};
+    use autocdc::core::state::Loc;
+    use autocdc::table::flow_state::{FlowState, Plan};
+    for tie_error in [false, true] {
+        let mut cfg = customers_config();
+        if tie_error {
+            cfg.on_sequence_tie = autocdc::core::flow::TiePolicy::Error;
+        }
+        let flow = autocdc::core::flow::Flow::new(cfg).unwrap();
+        let codec = Codec::new(&flow).unwrap();
+        let mut state = FlowState::new(&flow).unwrap();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for (round, file) in ["f1", "f2"].into_iter().enumerate() {
+            let evs: Vec<Ev> = (0..20_000)
+                .map(|_| {
+                    let (k, s) = (next(3_000) as i64, next(40) as i64 + round as i64 * 20);
+                    if next(10) == 0 {
+                        d(k, s)
+                    } else {
+                        u(k, CITIES[next(3) as usize], s)
+                    }
+                })
+                .collect();
+            let b = batch(&flow, &evs);
+            let split = state.plan(&flow, &codec, &b, round == 0, 1_000, None);
+            let FlowState::Keys(index) = &state else {
+                panic!("an SCD Type 1 flow")
+            };
+            let single = resolve::resolve(&flow, &codec, &b, index, round == 0, None);
+            let (split, single) = match (split, single) {
+                (Ok(Plan::Keys(split)), Ok(single)) => (split, single),
+                (Err(a), Err(b)) => {
+                    assert!(tie_error, "only ties are refused here: {a}");
+                    assert_eq!(a.to_string(), b.to_string());
+                    break;
+                }
+                (a, b) => panic!("two threads {:?}, one pass {:?}", a.err(), b.err()),
+            };
+            assert_eq!(split.inserts, single.inserts, "round {round}");
+            assert_eq!(split.remove_positions, single.remove_positions);
+            assert_eq!(split.remove_keys, single.remove_keys);
+            assert_eq!(split.changes, single.changes);
+            assert_eq!(split.stats, single.stats);
+            assert!(
+                split.stats.ties > 0 && split.stats.stale > 0,
+                "{:?}",
+                split.stats
+            );
+            let id = state.files_mut().intern(file);
+            let locs: Vec<Loc> = (0..split.inserts.len() as u32)
+                .map(|pos| Loc { file: id, pos })
+                .collect();
+            state.apply(&flow, Plan::Keys(split), &locs, 1_000, 0);
+        }
+    }
+}
