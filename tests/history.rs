@@ -96,8 +96,33 @@ fn changes() -> impl Strategy<Value = Vec<(i64, bool, usize, usize, i64)>> {
     )
 }
 
+/// One key with many sequences: its history grows past the rows at which
+/// a re-fold matches old and new rows through a map instead of a scan.
+fn long_changes() -> impl Strategy<Value = Vec<(i64, bool, usize, usize, i64)>> {
+    prop::collection::vec(
+        (
+            0i64..1,
+            prop::bool::weighted(0.1),
+            0usize..4,
+            0usize..3,
+            0i64..200,
+        ),
+        30..50,
+    )
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn scd2_a_long_history_of_one_key_gives_the_oracle_history(
+        changes in long_changes(),
+        order_seed in any::<u64>(),
+        cuts in prop::collection::vec(any::<bool>(), 50),
+        restarts in prop::collection::vec(any::<bool>(), 50),
+    ) {
+        run(SCD2, &changes, order_seed, &cuts, &restarts)?;
+    }
 
     #[test]
     fn scd2_any_order_and_batching_gives_the_oracle_history(

@@ -19,20 +19,20 @@
 
 // hashbrown's default hasher (foldhash): keys are hashed on every event, and
 // SipHash showed in SCD Type 2 profiles.
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashTable};
 
 use arrow_array::{Array, ArrayRef, RecordBatch, StructArray, UInt32Array};
 use arrow_row::{RowConverter, Rows, SortField};
 use arrow_schema::{DataType, SchemaRef};
 use arrow_select::take::take;
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::core::flow::{END_AT, Flow, START_AT, TiePolicy};
 use crate::core::nested;
 use crate::core::resolve::{
     BatchStats, Codec, SameSequence, mask, required_null, same_sequence, validate,
 };
-use crate::core::state::{FileTable, Loc};
+use crate::core::state::{FileTable, Loc, hash_key};
 use crate::error::{Error, Result, codes};
 
 /// Encoders for single values of the flow's value columns (the target
@@ -153,22 +153,64 @@ pub struct Vals(Box<[u8]>);
 
 impl Vals {
     pub fn new<'a>(vals: impl Iterator<Item = &'a [u8]> + Clone) -> Vals {
-        let (n, bytes) = vals
-            .clone()
-            .fold((0usize, 0usize), |(n, b), v| (n + 1, b + v.len()));
-        let mut out = Vec::with_capacity(4 + 4 * n + bytes);
-        out.extend_from_slice(&(n as u32).to_le_bytes());
-        let mut end = 0u32;
-        for v in vals.clone() {
-            end += v.len() as u32;
-            out.extend_from_slice(&end.to_le_bytes());
-        }
-        for v in vals {
-            out.extend_from_slice(v);
-        }
+        let mut out = Vec::with_capacity(vals_len(vals.clone()));
+        push_vals(&mut out, vals);
         Vals(out.into_boxed_slice())
     }
 
+    /// A view of the values.
+    pub fn as_ref(&self) -> ValsRef<'_> {
+        ValsRef(&self.0)
+    }
+
+    pub fn len(&self) -> usize {
+        self.as_ref().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Value column `c`, encoded.
+    pub fn get(&self, c: usize) -> &[u8] {
+        self.as_ref().get(c)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> + Clone + '_ {
+        self.as_ref().iter()
+    }
+
+    /// Heap bytes held.
+    pub fn heap_bytes(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// The bytes `push_vals` writes for `vals`.
+fn vals_len<'a>(vals: impl Iterator<Item = &'a [u8]>) -> usize {
+    let (n, bytes) = vals.fold((0usize, 0usize), |(n, b), v| (n + 1, b + v.len()));
+    4 + 4 * n + bytes
+}
+
+/// Appends `vals` in `Vals`' layout.
+fn push_vals<'a>(out: &mut Vec<u8>, vals: impl Iterator<Item = &'a [u8]> + Clone) {
+    let n = vals.clone().count();
+    out.extend_from_slice(&(n as u32).to_le_bytes());
+    let mut end = 0u32;
+    for v in vals.clone() {
+        end += v.len() as u32;
+        out.extend_from_slice(&end.to_le_bytes());
+    }
+    for v in vals {
+        out.extend_from_slice(v);
+    }
+}
+
+/// The encoded value columns of one change, borrowed (`Vals`' layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ValsRef<'a>(&'a [u8]);
+
+impl<'a> ValsRef<'a> {
     fn u32_at(&self, at: usize) -> usize {
         u32::from_le_bytes(self.0[at..at + 4].try_into().expect("4 bytes")) as usize
     }
@@ -182,7 +224,7 @@ impl Vals {
     }
 
     /// Value column `c`, encoded.
-    pub fn get(&self, c: usize) -> &[u8] {
+    pub fn get(&self, c: usize) -> &'a [u8] {
         let n = self.len();
         let data = 4 + 4 * n;
         let start = if c == 0 { 0 } else { self.u32_at(4 * c) };
@@ -190,13 +232,13 @@ impl Vals {
         &self.0[data + start..data + end]
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &[u8]> + Clone + '_ {
-        (0..self.len()).map(|c| self.get(c))
+    pub fn iter(self) -> impl Iterator<Item = &'a [u8]> + Clone {
+        (0..self.len()).map(move |c| self.get(c))
     }
 
-    /// Heap bytes held.
-    pub fn heap_bytes(&self) -> usize {
-        self.0.len()
+    /// The values, owned.
+    pub fn to_owned(self) -> Vals {
+        Vals(self.0.into())
     }
 }
 
@@ -226,36 +268,144 @@ impl Folding {
 }
 
 /// One applied change of a key.
+///
+/// Its sequence and values share one allocation, and absent times and
+/// locations are flags, not `Option`s: a history flow holds every event
+/// of every key, so an event's size is the state's size.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
-    /// Row-encoded sequence (`Codec::seqs`).
-    pub seq: Box<[u8]>,
+    /// The row-encoded sequence (`Codec::seqs`) after its length (u32
+    /// little-endian), then the encoded value columns (`Vals`' layout).
+    data: Box<[u8]>,
     /// Fingerprint of the whole change: decides ties, spots duplicates.
     pub fp: u64,
-    /// Commit time of a delete; None for an upsert.
-    pub deleted_at_ms: Option<i64>,
-    /// The value columns, encoded (`HistCodec`).
-    pub vals: Vals,
-    /// Where the target row this event anchors sits: the version it opens
-    /// (SCD Type 2) or the current row it last updated (SCD Type 1).
-    pub loc: Option<Loc>,
-    /// Changed since the last state commit (new, or its location, values
-    /// or fingerprint moved): an appending history writes only these.
-    pub changed: bool,
+    /// Commit time of a delete (`DELETED`); 0 for an upsert.
+    deleted_at_ms: i64,
+    /// Where the target row this event anchors sits (`LOCATED`): the
+    /// version it opens (SCD Type 2) or the current row it last updated
+    /// (SCD Type 1).
+    loc: Loc,
+    flags: u8,
 }
 
+/// `Event::flags`: a delete.
+const DELETED: u8 = 1;
+/// `Event::flags`: `loc` is known.
+const LOCATED: u8 = 2;
+/// `Event::flags`: changed since the last state commit (new, or its
+/// location, values or fingerprint moved): an appending history writes
+/// only these.
+const CHANGED: u8 = 4;
+
 impl Event {
+    pub fn new<'a>(
+        seq: &[u8],
+        vals: impl Iterator<Item = &'a [u8]> + Clone,
+        fp: u64,
+        deleted_at_ms: Option<i64>,
+        loc: Option<Loc>,
+    ) -> Event {
+        let mut data = Vec::with_capacity(4 + seq.len() + vals_len(vals.clone()));
+        data.extend_from_slice(&(seq.len() as u32).to_le_bytes());
+        data.extend_from_slice(seq);
+        push_vals(&mut data, vals);
+        let mut e = Event {
+            data: data.into_boxed_slice(),
+            fp,
+            deleted_at_ms: deleted_at_ms.unwrap_or(0),
+            loc: Loc { file: 0, pos: 0 },
+            flags: if deleted_at_ms.is_some() { DELETED } else { 0 },
+        };
+        e.set_loc(loc);
+        e
+    }
+
+    fn seq_len(&self) -> usize {
+        u32::from_le_bytes(self.data[..4].try_into().expect("4 bytes")) as usize
+    }
+
+    /// The row-encoded sequence (`Codec::seqs`).
+    pub fn seq(&self) -> &[u8] {
+        &self.data[4..4 + self.seq_len()]
+    }
+
+    /// The value columns, encoded (`HistCodec`).
+    pub fn vals(&self) -> ValsRef<'_> {
+        ValsRef(&self.data[4 + self.seq_len()..])
+    }
+
+    /// The same change with other values.
+    fn with_vals(&self, vals: ValsRef<'_>) -> Event {
+        let mut e = Event::new(
+            self.seq(),
+            vals.iter(),
+            self.fp,
+            self.deleted_at_ms(),
+            self.loc(),
+        );
+        e.flags = self.flags;
+        e
+    }
+
     pub fn is_delete(&self) -> bool {
-        self.deleted_at_ms.is_some()
+        self.flags & DELETED != 0
+    }
+
+    /// Commit time of a delete; None for an upsert.
+    pub fn deleted_at_ms(&self) -> Option<i64> {
+        self.is_delete().then_some(self.deleted_at_ms)
+    }
+
+    pub fn loc(&self) -> Option<Loc> {
+        (self.flags & LOCATED != 0).then_some(self.loc)
+    }
+
+    pub fn set_loc(&mut self, loc: Option<Loc>) {
+        match loc {
+            Some(l) => {
+                self.loc = l;
+                self.flags |= LOCATED;
+            }
+            None => {
+                self.loc = Loc { file: 0, pos: 0 };
+                self.flags &= !LOCATED;
+            }
+        }
+    }
+
+    /// Changed since the last state commit.
+    pub fn changed(&self) -> bool {
+        self.flags & CHANGED != 0
+    }
+
+    pub fn set_changed(&mut self, changed: bool) {
+        if changed {
+            self.flags |= CHANGED;
+        } else {
+            self.flags &= !CHANGED;
+        }
+    }
+
+    /// Heap and inline bytes held.
+    pub fn bytes(&self) -> usize {
+        std::mem::size_of::<Event>() + self.data.len()
     }
 }
 
 /// The history of every key. Keys are row-encoded (`Codec::keys`).
+///
+/// Keys live in slots (a `Vec`) found through a hash table of slot
+/// numbers, so a plan names the slot of each key it read and the dirty
+/// list holds slot numbers: applying a batch and writing its state delta
+/// hash no key again.
 #[derive(Debug, Default, Clone)]
 pub struct History {
-    keys: HashMap<Box<[u8]>, Vec<Event>>,
+    /// Slot numbers, hashed by their key (`hash_key`).
+    table: HashTable<u32>,
+    slots: Vec<Slot>,
     pub files: FileTable,
-    dirty: Vec<Box<[u8]>>,
+    /// Slots with a changed event, each once.
+    dirty: Vec<u32>,
     events: usize,
     /// The state log only appends: each commit writes the events that
     /// changed, and a key's events are the latest row of each sequence.
@@ -264,6 +414,14 @@ pub struct History {
     /// so each commit writes a touched key's events whole, and a key's
     /// events are those of its latest generation.
     appends: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Slot {
+    key: Box<[u8]>,
+    events: Vec<Event>,
+    /// Listed in `History::dirty`.
+    dirty: bool,
 }
 
 impl History {
@@ -280,16 +438,30 @@ impl History {
         self.appends
     }
 
+    /// The slot of `key`.
+    pub fn slot(&self, key: &[u8]) -> Option<u32> {
+        let slots = &self.slots;
+        self.table
+            .find(hash_key(key), |&i| *slots[i as usize].key == *key)
+            .copied()
+    }
+
     pub fn get(&self, key: &[u8]) -> Option<&[Event]> {
-        self.keys.get(key).map(Vec::as_slice)
+        self.slot(key)
+            .map(|i| self.slots[i as usize].events.as_slice())
+    }
+
+    /// The events of `slot` (from `slot`).
+    pub fn at(&self, slot: u32) -> &[Event] {
+        &self.slots[slot as usize].events
     }
 
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.slots.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.slots.is_empty()
     }
 
     /// Events kept, over all keys.
@@ -299,36 +471,61 @@ impl History {
 
     /// Keys whose latest event is an upsert.
     pub fn live(&self) -> usize {
-        self.keys
-            .values()
-            .filter(|e| e.last().is_some_and(|e| !e.is_delete()))
+        self.slots
+            .iter()
+            .filter(|s| s.events.last().is_some_and(|e| !e.is_delete()))
             .count()
     }
 
-    /// Replaces the events of `key` (sorted by sequence) and marks it dirty;
+    /// Replaces the events of `key` from index `from` on with `events`
+    /// (sorted by sequence, after those before `from`) and marks it dirty;
     /// each event that differs from the one it replaces (or is new) is
-    /// marked changed.
+    /// marked changed. `hint`: the key's slot when it was read (`slot`),
+    /// checked before it is used.
     ///
     /// A key is dirty (listed once in `dirty`) while it has a changed event.
-    pub fn put(&mut self, key: Box<[u8]>, mut events: Vec<Event>) {
-        debug_assert!(events.windows(2).all(|w| w[0].seq < w[1].seq));
+    pub fn put(&mut self, hint: Option<u32>, key: Box<[u8]>, from: usize, mut events: Vec<Event>) {
+        debug_assert!(events.windows(2).all(|w| w[0].seq() < w[1].seq()));
+        let slot = hint
+            .filter(|&i| self.slots.get(i as usize).is_some_and(|s| s.key == key))
+            .or_else(|| self.slot(&key));
         self.events += events.len();
-        let newly_dirty = match self.keys.get_mut(&*key) {
-            Some(old) => {
-                let was_dirty = old.iter().any(|e| e.changed);
-                mark_changed(old, &mut events);
-                self.events -= old.len();
-                *old = events;
-                !was_dirty && old.iter().any(|e| e.changed)
+        let i = match slot {
+            Some(i) => {
+                let s = &mut self.slots[i as usize];
+                debug_assert!(from <= s.events.len(), "a plan applies to its history");
+                let from = from.min(s.events.len());
+                mark_changed(&s.events[from..], &mut events);
+                self.events -= s.events.len() - from;
+                s.events.truncate(from);
+                s.events.extend(events);
+                debug_assert!(s.events.windows(2).all(|w| w[0].seq() < w[1].seq()));
+                i
             }
             None => {
-                events.iter_mut().for_each(|e| e.changed = true);
-                self.keys.insert(key.clone(), events);
-                true
+                debug_assert_eq!(from, 0, "a new key has no events before");
+                events.iter_mut().for_each(|e| e.set_changed(true));
+                let i = u32::try_from(self.slots.len()).expect("fewer than 2^32 keys");
+                let slots = &self.slots;
+                self.table
+                    .insert_unique(hash_key(&key), i, |&j| hash_key(&slots[j as usize].key));
+                self.slots.push(Slot {
+                    key,
+                    events,
+                    dirty: false,
+                });
+                i
             }
         };
-        if newly_dirty {
-            self.dirty.push(key);
+        self.mark_dirty(i);
+    }
+
+    /// Lists `slot` as dirty if it has a changed event and is not listed.
+    fn mark_dirty(&mut self, slot: u32) {
+        let s = &mut self.slots[slot as usize];
+        if !s.dirty && s.events.iter().any(Event::changed) {
+            s.dirty = true;
+            self.dirty.push(slot);
         }
     }
 
@@ -337,19 +534,18 @@ impl History {
     /// the row's file). Returns how many moved.
     pub fn relocate(&mut self, mut to: impl FnMut(Loc) -> Option<Loc>) -> usize {
         let mut moved = 0;
-        for (key, events) in self.keys.iter_mut() {
-            let was_dirty = events.iter().any(|e| e.changed);
+        for i in 0..self.slots.len() {
             let mut changed = false;
-            for e in events.iter_mut() {
-                if let Some(new) = e.loc.and_then(&mut to).filter(|n| Some(*n) != e.loc) {
-                    e.loc = Some(new);
-                    e.changed = true;
+            for e in self.slots[i].events.iter_mut() {
+                if let Some(new) = e.loc().and_then(&mut to).filter(|n| Some(*n) != e.loc()) {
+                    e.set_loc(Some(new));
+                    e.set_changed(true);
                     changed = true;
                     moved += 1;
                 }
             }
-            if changed && !was_dirty {
-                self.dirty.push(key.clone());
+            if changed {
+                self.mark_dirty(i as u32);
             }
         }
         moved
@@ -359,8 +555,8 @@ impl History {
     /// (see `KeyIndex::shrink_files`). Returns how many went.
     pub fn shrink_files(&mut self) -> usize {
         let mut used = vec![false; self.files.len()];
-        for e in self.keys.values().flatten() {
-            if let Some(l) = e.loc {
+        for e in self.slots.iter().flat_map(|s| &s.events) {
+            if let Some(l) = e.loc() {
                 used[l.file as usize] = true;
             }
         }
@@ -369,23 +565,33 @@ impl History {
             return 0;
         }
         let map = self.files.retain(&used);
-        for e in self.keys.values_mut().flatten() {
-            if let Some(l) = &mut e.loc {
+        for e in self.slots.iter_mut().flat_map(|s| &mut s.events) {
+            if let Some(mut l) = e.loc() {
                 l.file = map[l.file as usize];
+                e.set_loc(Some(l));
             }
         }
         unused
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[Event])> + '_ {
-        self.keys.iter().map(|(k, e)| (&**k, e.as_slice()))
+        self.slots.iter().map(|s| (&*s.key, s.events.as_slice()))
+    }
+
+    /// (slot, key, events) of every key.
+    pub fn iter_slots(&self) -> impl Iterator<Item = (u32, &[u8], &[Event])> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (i as u32, &*s.key, s.events.as_slice()))
     }
 
     /// The keys with a changed event, each once.
     pub fn dirty(&self) -> impl Iterator<Item = (&[u8], &[Event])> + '_ {
-        self.dirty
-            .iter()
-            .filter_map(|k| self.keys.get(k).map(|e| (&**k, e.as_slice())))
+        self.dirty.iter().map(|&i| {
+            let s = &self.slots[i as usize];
+            (&*s.key, s.events.as_slice())
+        })
     }
 
     /// The rows the next state commit writes (unless whole).
@@ -393,7 +599,7 @@ impl History {
         self.dirty()
             .map(|(_, e)| {
                 if self.appends {
-                    e.iter().filter(|e| e.changed).count()
+                    e.iter().filter(|e| e.changed()).count()
                 } else {
                     e.len()
                 }
@@ -402,10 +608,10 @@ impl History {
     }
 
     pub fn clear_dirty(&mut self) {
-        for k in std::mem::take(&mut self.dirty) {
-            if let Some(events) = self.keys.get_mut(&k) {
-                events.iter_mut().for_each(|e| e.changed = false);
-            }
+        for i in std::mem::take(&mut self.dirty) {
+            let s = &mut self.slots[i as usize];
+            s.dirty = false;
+            s.events.iter_mut().for_each(|e| e.set_changed(false));
         }
     }
 
@@ -413,42 +619,52 @@ impl History {
     /// before `cutoff_ms` (like a collected tombstone: a late older change
     /// for the key is applied again). Returns how many.
     pub fn gc_tombstones(&mut self, cutoff_ms: i64) -> usize {
-        let before = self.keys.len();
-        let mut dropped = 0;
-        let mut dirty_dropped = false;
-        self.keys.retain(|_, e| {
-            let gone = e
+        let gone = |s: &Slot| {
+            s.events
                 .last()
-                .and_then(|e| e.deleted_at_ms)
-                .is_some_and(|t| t < cutoff_ms);
-            if gone {
-                dropped += e.len();
-                dirty_dropped |= e.iter().any(|e| e.changed);
+                .and_then(Event::deleted_at_ms)
+                .is_some_and(|t| t < cutoff_ms)
+        };
+        if !self.slots.iter().any(gone) {
+            return 0;
+        }
+        let before = self.slots.len();
+        let mut dropped = 0;
+        self.slots.retain(|s| {
+            let g = gone(s);
+            if g {
+                dropped += s.events.len();
             }
-            !gone
+            !g
         });
         self.events -= dropped;
-        if dirty_dropped {
-            // A key put again before the next commit is listed anew.
-            let keys = &self.keys;
-            self.dirty.retain(|k| keys.contains_key(k));
+        // Slots moved: number them again (a key put again before the next
+        // commit is listed anew).
+        self.table.clear();
+        let slots = &self.slots;
+        for (i, s) in slots.iter().enumerate() {
+            self.table.insert_unique(hash_key(&s.key), i as u32, |&j| {
+                hash_key(&slots[j as usize].key)
+            });
         }
-        before - self.keys.len()
+        self.dirty = (0..self.slots.len() as u32)
+            .filter(|&i| self.slots[i as usize].dirty)
+            .collect();
+        before - self.slots.len()
     }
 
     /// An estimate of the memory the history holds.
     pub fn heap_bytes(&self) -> usize {
-        self.keys
-            .iter()
-            .map(|(k, events)| {
-                k.len()
-                    + 64
-                    + events
-                        .iter()
-                        .map(|e| std::mem::size_of::<Event>() + e.seq.len() + e.vals.heap_bytes())
-                        .sum::<usize>()
-            })
-            .sum()
+        self.table.capacity() * 5
+            + self
+                .slots
+                .iter()
+                .map(|s| {
+                    std::mem::size_of::<Slot>()
+                        + s.key.len()
+                        + s.events.iter().map(Event::bytes).sum::<usize>()
+                })
+                .sum::<usize>()
     }
 }
 
@@ -457,15 +673,18 @@ impl History {
 fn mark_changed(old: &[Event], new: &mut [Event]) {
     let mut o = old.iter().peekable();
     for e in new.iter_mut() {
-        while o.next_if(|x| x.seq < e.seq).is_some() {}
+        while o.next_if(|x| x.seq() < e.seq()).is_some() {}
+        // Sequence and values are `data`; the flags but `CHANGED` compared apart.
         let same = o.peek().is_some_and(|x| {
-            x.seq == e.seq
+            x.data == e.data
                 && x.fp == e.fp
                 && x.deleted_at_ms == e.deleted_at_ms
                 && x.loc == e.loc
-                && x.vals == e.vals
+                && (x.flags | CHANGED) == (e.flags | CHANGED)
         });
-        e.changed |= !same;
+        if !same {
+            e.set_changed(true);
+        }
     }
 }
 
@@ -478,7 +697,20 @@ pub struct Version {
     pub end: Option<usize>,
     /// Event whose `loc` locates the row.
     pub anchor: usize,
-    pub vals: Vals,
+    /// Event whose values the row has, unless `merged`.
+    from: usize,
+    /// Values merged from several upserts (`ignore_null_updates`).
+    merged: Option<Vals>,
+}
+
+impl Version {
+    /// The row's values (`events`: those it was folded from).
+    pub fn vals<'a>(&'a self, events: &'a [Event]) -> ValsRef<'a> {
+        match &self.merged {
+            Some(v) => v.as_ref(),
+            None => events[self.from].vals(),
+        }
+    }
 }
 
 /// The target rows of one key: events in sequence order → versions.
@@ -489,7 +721,11 @@ pub struct Version {
 /// closes the current version. With `ignore_null_updates` a null takes the
 /// current version's value (after a delete there is none to keep).
 /// SCD Type 1 keeps only the open version.
+///
+/// A version borrows its values from its event; only values merged under
+/// `ignore_null_updates` are copied.
 pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
+    let ignoring = hc.ignore_nulls.contains(&true);
     let mut out = Vec::new();
     let mut cur: Option<Version> = None;
     for (i, e) in events.iter().enumerate() {
@@ -500,21 +736,32 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
             }
             continue;
         }
-        let vals: Vals = match &cur {
-            Some(v) if hc.ignore_nulls.contains(&true) => {
-                Vals::new(e.vals.iter().enumerate().map(|(c, b)| {
+        let ev = e.vals();
+        let merged: Option<Vals> = match &cur {
+            Some(v)
+                if ignoring
+                    && (0..ev.len()).any(|c| hc.ignore_nulls[c] && hc.is_null(c, ev.get(c))) =>
+            {
+                let prev = v.vals(events);
+                Some(Vals::new(ev.iter().enumerate().map(|(c, b)| {
                     if hc.ignore_nulls[c] && hc.is_null(c, b) {
-                        v.vals.get(c)
+                        prev.get(c)
                     } else {
                         b
                     }
-                }))
+                })))
             }
-            _ => e.vals.clone(),
+            _ => None,
         };
+        let same = cur.as_ref().is_some_and(|v| {
+            let now = merged.as_ref().map_or(ev, Vals::as_ref);
+            let was = v.vals(events);
+            hc.tracked.iter().all(|&t| was.get(t) == now.get(t))
+        });
         match &mut cur {
-            Some(v) if hc.tracked.iter().all(|&t| v.vals.get(t) == vals.get(t)) => {
-                v.vals = vals;
+            Some(v) if same => {
+                v.from = i;
+                v.merged = merged;
                 if !hc.scd2 {
                     v.anchor = i;
                 }
@@ -528,7 +775,8 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
                     start: i,
                     end: None,
                     anchor: i,
-                    vals,
+                    from: i,
+                    merged,
                 });
             }
         }
@@ -540,26 +788,19 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
     out
 }
 
-/// Identity of a target row: its values and (SCD Type 2) its interval.
+/// Identity of a target row: its values and (SCD Type 2) its interval,
+/// hashed in one pass each (a value's bytes are prefixed by their ends, so
+/// equal hashes mean equal rows but for a 64-bit collision).
 fn row_hash(hc: &HistCodec, events: &[Event], v: &Version) -> u64 {
-    let mut h = Xxh3::new();
-    for b in v.vals.iter() {
-        h.update(&(b.len() as u32).to_le_bytes());
-        h.update(b);
+    let vals = xxh3_64(v.vals(events).0);
+    if !hc.scd2 {
+        return vals;
     }
-    if hc.scd2 {
-        let seq = |i: usize| &events[i].seq;
-        h.update(&(seq(v.start).len() as u32).to_le_bytes());
-        h.update(seq(v.start));
-        match v.end {
-            Some(e) => {
-                h.update(&[1]);
-                h.update(seq(e));
-            }
-            None => h.update(&[0]),
-        }
+    let start = xxh3_64_with_seed(events[v.start].seq(), vals);
+    match v.end {
+        Some(e) => xxh3_64_with_seed(events[e].seq(), start ^ 0x9e37_79b9_7f4a_7c15),
+        None => start.rotate_left(17),
     }
-    h.digest()
 }
 
 /// SCD Type 1 with `on_sequence_tie = "error"`: drops the values that can
@@ -583,10 +824,10 @@ fn prune(hc: &HistCodec, events: &mut [Event]) {
             continue;
         }
         let nonnull: Vec<usize> = (0..ncols)
-            .filter(|&c| !hc.is_null(c, e.vals.get(c)))
+            .filter(|&c| !hc.is_null(c, e.vals().get(c)))
             .collect();
         if later_upsert && !nonnull.is_empty() && nonnull.iter().all(|&c| covered[c]) {
-            e.vals = hc.null_vals();
+            *e = e.with_vals(hc.null_vals.as_ref());
         }
         for c in nonnull {
             covered[c] = true;
@@ -613,7 +854,11 @@ pub struct OutRow {
 /// The new events of one key, with the insert ordinal each new anchor waits for.
 #[derive(Debug)]
 pub struct KeyChange {
+    /// The key's slot in the history planned against (`History::slot`).
+    pub slot: Option<u32>,
     pub key: Box<[u8]>,
+    /// `events` replace the key's events from this index on.
+    pub from: usize,
     pub events: Vec<Event>,
     /// (event index, insert ordinal): the event's `loc` is where that insert lands.
     pub pending: Vec<(usize, u32)>,
@@ -634,9 +879,9 @@ pub struct Plan {
 fn to_out(key: &[u8], events: &[Event], v: &Version) -> OutRow {
     OutRow {
         key: key.into(),
-        vals: v.vals.clone(),
-        start: Some(events[v.start].seq.clone()),
-        end: v.end.map(|e| events[e].seq.clone()),
+        vals: v.vals(events).to_owned(),
+        start: Some(events[v.start].seq().into()),
+        end: v.end.map(|e| events[e].seq().into()),
     }
 }
 
@@ -675,21 +920,33 @@ pub fn resolve(
         ..Default::default()
     };
     for (key, rows) in rows_by_key(&keys) {
-        let old: &[Event] = hist.get(key).unwrap_or(&[]);
+        let slot = hist.slot(key);
+        let whole: &[Event] = slot.map_or(&[], |i| hist.at(i));
+        // Only the events from where the fold may change are copied,
+        // changed and folded again (`refold_from`).
+        let first = rows
+            .iter()
+            .map(|&i| {
+                let seq: &[u8] = seqs.row(i).data();
+                whole.partition_point(|e| e.seq() < seq)
+            })
+            .min()
+            .unwrap_or(0);
+        let from = refold_from(hc, whole, first);
+        let old = &whole[from..];
         let mut events = old.to_vec();
         for &i in &rows {
             let seq: &[u8] = seqs.row(i).data();
             let fp = fps[i];
-            let at = events.partition_point(|e| &*e.seq < seq);
-            let event = Event {
-                seq: seq.into(),
+            let at = events.partition_point(|e| e.seq() < seq);
+            let event = Event::new(
+                seq,
+                vals.iter().map(|r| r.row(i).data()),
                 fp,
-                deleted_at_ms: deleted(i).then_some(now_ms),
-                vals: Vals::new(vals.iter().map(|r| r.row(i).data())),
-                loc: None,
-                changed: false,
-            };
-            if let Some(e) = events.get(at).filter(|e| &*e.seq == seq) {
+                deleted(i).then_some(now_ms),
+                None,
+            );
+            if let Some(e) = events.get(at).filter(|e| e.seq() == seq) {
                 match same_sequence(flow, i, fp, e.fp, e.is_delete())? {
                     SameSequence::ReplacesSentinel => {}
                     SameSequence::Duplicate => {
@@ -737,7 +994,9 @@ pub fn resolve(
             state_complete,
         );
         plan.changes.push(KeyChange {
+            slot,
             key: key.into(),
+            from,
             events,
             pending,
         });
@@ -746,6 +1005,36 @@ pub fn resolve(
     check_required(flow, hc, &keys, &plan.inserts)?;
     plan.remove_positions.sort_unstable();
     Ok(plan)
+}
+
+/// Where a key's fold may change when its first changed event is at
+/// `first` of `old`: the first event of the version open just before it
+/// (or `first` when none is). The versions that closed before are the
+/// same whatever follows, and folding `old[from..]` from nothing gives the
+/// rest of the key's versions, so a late change to a long history (a hot
+/// key of SCD Type 2) costs the events after it, not all of them.
+///
+/// Only SCD Type 2 that ignores no nulls: a version's tracked values are
+/// then those of each of its events, so its start is found walking back.
+/// Otherwise 0 (a value merged under `ignore_null_updates` may come from
+/// any earlier event, and SCD Type 1's pruning reads the whole history).
+fn refold_from(hc: &HistCodec, old: &[Event], first: usize) -> usize {
+    if !hc.scd2 || hc.prune || hc.ignore_nulls.contains(&true) || first == 0 {
+        return 0;
+    }
+    let first = first.min(old.len());
+    if old[first - 1].is_delete() {
+        return first;
+    }
+    let same_tracked = |a: &Event, b: &Event| {
+        let (a, b) = (a.vals(), b.vals());
+        hc.tracked.iter().all(|&t| a.get(t) == b.get(t))
+    };
+    let mut j = first - 1;
+    while j > 0 && !old[j - 1].is_delete() && same_tracked(&old[j - 1], &old[j]) {
+        j -= 1;
+    }
+    j
 }
 
 /// The batch's rows grouped by key, keys in order of first appearance.
@@ -772,7 +1061,7 @@ fn rows_by_key(keys: &Rows) -> Vec<(&[u8], Vec<usize>)> {
 /// only where their rows are changes.
 pub fn refold(was: &HistCodec, hc: &HistCodec, hist: &History, state_complete: bool) -> Plan {
     let mut plan = Plan::default();
-    for (key, old) in hist.iter() {
+    for (slot, key, old) in hist.iter_slots() {
         let mut events = old.to_vec();
         let before = (
             plan.inserts.len(),
@@ -796,7 +1085,9 @@ pub fn refold(was: &HistCodec, hc: &HistCodec, hist: &History, state_complete: b
         );
         if after != before {
             plan.changes.push(KeyChange {
+                slot: Some(slot),
                 key: key.into(),
+                from: 0,
                 events,
                 pending,
             });
@@ -811,7 +1102,7 @@ pub fn refold(was: &HistCodec, hc: &HistCodec, hist: &History, state_complete: b
 /// what the target held before goes with the overwrite that commits it.
 pub fn rebuild(hc: &HistCodec, hist: &History) -> Plan {
     let mut plan = Plan::default();
-    for (key, old) in hist.iter() {
+    for (slot, key, old) in hist.iter_slots() {
         let mut events = old.to_vec();
         let mut pending = Vec::new();
         for v in fold(hc, &events) {
@@ -819,10 +1110,12 @@ pub fn rebuild(hc: &HistCodec, hist: &History) -> Plan {
             plan.inserts.push(to_out(key, &events, &v));
         }
         for e in &mut events {
-            e.loc = None;
+            e.set_loc(None);
         }
         plan.changes.push(KeyChange {
+            slot: Some(slot),
             key: key.into(),
+            from: 0,
             events,
             pending,
         });
@@ -852,18 +1145,35 @@ fn rewrite_rows(
         .iter()
         .map(|v| (row_hash(hc, old, v), v, false))
         .collect();
+    // The old rows of each identity not yet matched, in order: a scan
+    // finds the first for a few rows; a key with a long history (SCD Type
+    // 2 of a hot key) gets a map, so matching stays linear in its rows.
+    let mut unmatched: Option<HashMap<u64, std::collections::VecDeque<usize>>> = (olds.len() > 16)
+        .then(|| {
+            let mut m: HashMap<u64, std::collections::VecDeque<usize>> = HashMap::new();
+            for (i, o) in olds.iter().enumerate() {
+                m.entry(o.0).or_default().push_back(i);
+            }
+            m
+        });
     let mut kept: Vec<(usize, Loc)> = Vec::new();
     let mut pending = Vec::new();
     for v in &after {
         let h = row_hash(hc, events, v);
-        if let Some(o) = olds.iter_mut().find(|o| !o.2 && o.0 == h) {
-            o.2 = true;
-            if let Some(loc) = old[o.1.anchor].loc {
-                kept.push((v.anchor, loc));
-                continue;
+        let first = match &unmatched {
+            Some(m) => m.get(&h).and_then(|q| q.front().copied()),
+            None => olds.iter().position(|o| !o.2 && o.0 == h),
+        };
+        // A row without a known position is written again, the old removed by key.
+        if let Some(i) = first
+            && let Some(loc) = old[olds[i].1.anchor].loc()
+        {
+            olds[i].2 = true;
+            if let Some(q) = unmatched.as_mut().and_then(|m| m.get_mut(&h)) {
+                q.pop_front();
             }
-            // A row without a known position: write it again, remove the old by key.
-            o.2 = false;
+            kept.push((v.anchor, loc));
+            continue;
         }
         pending.push((v.anchor, plan.inserts.len() as u32));
         plan.inserts.push(to_out(key, events, v));
@@ -872,7 +1182,7 @@ fn rewrite_rows(
         if *matched {
             continue;
         }
-        match old[v.anchor].loc {
+        match old[v.anchor].loc() {
             Some(loc) if hist.files.is_live(loc.file) => {
                 plan.remove_positions.push(loc);
                 plan.stats.removed_by_position += 1;
@@ -894,10 +1204,10 @@ fn rewrite_rows(
         plan.stats.removed_by_key += 1;
     }
     for e in events.iter_mut() {
-        e.loc = None;
+        e.set_loc(None);
     }
     for (at, loc) in kept {
-        events[at].loc = Some(loc);
+        events[at].set_loc(Some(loc));
     }
     pending
 }
@@ -924,9 +1234,9 @@ pub fn apply(hist: &mut History, plan: Plan, locs: &[Loc]) {
     debug_assert_eq!(locs.len(), plan.inserts.len());
     for mut c in plan.changes {
         for &(at, ordinal) in &c.pending {
-            c.events[at].loc = Some(locs[ordinal as usize]);
+            c.events[at].set_loc(Some(locs[ordinal as usize]));
         }
-        hist.put(c.key, c.events);
+        hist.put(c.slot, c.key, c.from, c.events);
     }
 }
 
@@ -1011,7 +1321,118 @@ pub fn rows_batch(
 
 #[cfg(test)]
 mod tests {
-    use super::Vals;
+    use super::{Event, History, Vals};
+    use crate::core::state::Loc;
+
+    fn ev(seq: u8, val: &[u8], deleted_at_ms: Option<i64>, loc: Option<Loc>) -> Event {
+        Event::new(
+            &[seq],
+            [val, b"x"].into_iter(),
+            seq as u64,
+            deleted_at_ms,
+            loc,
+        )
+    }
+
+    #[test]
+    fn an_event_gives_back_what_it_was_made_of() {
+        let loc = Loc { file: 3, pos: 9 };
+        let mut e = Event::new(
+            b"\x01seq",
+            [b"a".as_slice(), b""].into_iter(),
+            7,
+            None,
+            Some(loc),
+        );
+        assert_eq!(e.seq(), b"\x01seq");
+        assert_eq!(
+            e.vals().iter().collect::<Vec<_>>(),
+            vec![b"a".as_slice(), b""]
+        );
+        assert_eq!(
+            (e.fp, e.deleted_at_ms(), e.loc(), e.is_delete()),
+            (7, None, Some(loc), false)
+        );
+        assert!(!e.changed());
+        e.set_changed(true);
+        e.set_loc(None);
+        assert!(e.changed() && e.loc().is_none());
+        let d = Event::new(b"", std::iter::empty(), 1, Some(0), None);
+        assert_eq!(
+            (d.seq(), d.vals().len(), d.deleted_at_ms()),
+            (&b""[..], 0, Some(0))
+        );
+        assert!(d.is_delete());
+        // Shares one allocation: the event is smaller than its old fields.
+        assert!(std::mem::size_of::<Event>() <= 48);
+    }
+
+    #[test]
+    fn put_marks_only_what_differs_and_gc_keeps_every_other_key_findable() {
+        let mut h = History::new(false);
+        let loc = |pos| Some(Loc { file: 0, pos });
+        for k in 0u8..6 {
+            let deleted = (k % 2 == 0).then_some(10);
+            h.put(
+                None,
+                vec![k].into(),
+                0,
+                vec![ev(1, b"a", None, loc(k as u32)), ev(2, b"b", deleted, None)],
+            );
+        }
+        assert_eq!((h.len(), h.events(), h.dirty().count()), (6, 12, 6));
+        h.clear_dirty();
+        assert_eq!(h.dirty_len(), 0);
+        // Same events again: nothing changed. A moved location: that event only.
+        let slot = h.slot(&[1]);
+        h.put(
+            slot,
+            vec![1].into(),
+            0,
+            vec![ev(1, b"a", None, loc(1)), ev(2, b"b", None, None)],
+        );
+        assert_eq!(h.dirty().count(), 0);
+        h.put(
+            slot,
+            vec![1].into(),
+            0,
+            vec![ev(1, b"a", None, loc(5)), ev(2, b"b", None, None)],
+        );
+        let changed: Vec<bool> = h.get(&[1]).unwrap().iter().map(Event::changed).collect();
+        assert_eq!(changed, [true, false]);
+        // From an index on: the events before stay as they are.
+        h.put(
+            slot,
+            vec![1].into(),
+            1,
+            vec![ev(2, b"b", None, None), ev(3, b"c", None, None)],
+        );
+        let seqs: Vec<&[u8]> = h.get(&[1]).unwrap().iter().map(Event::seq).collect();
+        assert_eq!(seqs, [&[1u8][..], &[2], &[3]]);
+        let changed: Vec<bool> = h.get(&[1]).unwrap().iter().map(Event::changed).collect();
+        assert_eq!(changed, [true, false, true]);
+        assert_eq!(h.events(), 13);
+        // A stale hint is not trusted.
+        h.put(Some(0), vec![3].into(), 0, vec![ev(1, b"z", None, None)]);
+        assert_eq!(h.get(&[3]).unwrap()[0].vals().get(0), b"z");
+        assert_eq!(h.get(&[0]).unwrap().len(), 2);
+        // Keys 0, 2, 4 end in deletes at 10: collected; the others keep
+        // their events, slots and dirt.
+        assert_eq!(h.gc_tombstones(11), 3);
+        assert_eq!((h.len(), h.events()), (3, 6));
+        for k in [0u8, 2, 4] {
+            assert!(h.get(&[k]).is_none() && h.slot(&[k]).is_none());
+        }
+        for k in [1u8, 3, 5] {
+            let s = h.slot(&[k]).expect("kept");
+            assert_eq!(h.at(s), h.get(&[k]).unwrap());
+        }
+        let mut dirty: Vec<&[u8]> = h.dirty().map(|(k, _)| k).collect();
+        dirty.sort();
+        assert_eq!(dirty, [&[1u8][..], &[3u8][..]]);
+        h.put(None, vec![2].into(), 0, vec![ev(4, b"c", None, None)]);
+        assert_eq!((h.len(), h.dirty().count()), (4, 3));
+    }
 
     #[test]
     fn vals_give_back_each_value_whatever_its_length() {

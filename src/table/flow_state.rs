@@ -113,7 +113,7 @@ impl FlowState {
                 .filter_map(|(k, e)| {
                     e.last()
                         .filter(|e| !e.is_delete())
-                        .map(|e| (k, &*e.seq, e.fp))
+                        .map(|e| (k, e.seq(), e.fp))
                 })
                 .collect(),
             FlowState::Keys(index) => index

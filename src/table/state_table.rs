@@ -34,7 +34,7 @@ use std::collections::HashMap;
 
 use crate::core::evolve::{Evolution, Refusal, Rules, evolve, promotes};
 use crate::core::flow::Flow;
-use crate::core::history::{Event, HistCodec, History, Vals};
+use crate::core::history::{Event, HistCodec, History};
 use crate::core::resolve::Codec;
 use crate::core::state::{EntryRef, KeyIndex, Loc, Value, hash_key};
 
@@ -485,10 +485,10 @@ pub fn history_to_batch<'a>(
     let mut rows = EntryRows::new(codec);
     let mut vals: Vec<Vec<&[u8]>> = vec![Vec::new(); hc.cols.len()];
     for (key, events) in keys {
-        for e in events.iter().filter(|e| e.changed || !changed_only) {
-            let loc = e.loc.map(|l| (hist.files.path(l.file), l.pos));
-            rows.push(key, &e.seq, e.fp, e.deleted_at_ms, loc);
-            for (j, v) in e.vals.iter().enumerate() {
+        for e in events.iter().filter(|e| e.changed() || !changed_only) {
+            let loc = e.loc().map(|l| (hist.files.path(l.file), l.pos));
+            rows.push(key, e.seq(), e.fp, e.deleted_at_ms(), loc);
+            for (j, v) in e.vals().iter().enumerate() {
                 vals[j].push(v);
             }
         }
@@ -566,14 +566,13 @@ pub fn load_history(
             } else {
                 None
             };
-            let event = Event {
-                seq: s.row(r).data().into(),
-                fp: fp.value(r) as u64,
-                deleted_at_ms: del.is_valid(r).then(|| del.value(r)),
-                vals: Vals::new(vals.iter().map(|v| v.row(r).data())),
+            let event = Event::new(
+                s.row(r).data(),
+                vals.iter().map(|v| v.row(r).data()),
+                fp.value(r) as u64,
+                del.is_valid(r).then(|| del.value(r)),
                 loc,
-                changed: false,
-            };
+            );
             let gen_ = g.value(r);
             let entry = keys
                 .entry(k.row(r).data().into())
@@ -592,9 +591,9 @@ pub fn load_history(
     }
     for (key, (_, mut events)) in keys {
         // By sequence, the highest generation first; then one per sequence.
-        events.sort_by(|(ga, a), (gb, b)| a.seq.cmp(&b.seq).then(gb.cmp(ga)));
-        events.dedup_by(|(_, later), (_, first)| later.seq == first.seq);
-        hist.put(key, events.into_iter().map(|(_, e)| e).collect());
+        events.sort_by(|(ga, a), (gb, b)| a.seq().cmp(b.seq()).then(gb.cmp(ga)));
+        events.dedup_by(|(_, later), (_, first)| later.seq() == first.seq());
+        hist.put(None, key, 0, events.into_iter().map(|(_, e)| e).collect());
     }
     hist.clear_dirty();
     Ok(total)
