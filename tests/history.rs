@@ -274,7 +274,7 @@ fn a_large_history_batch_resolved_on_two_threads_plans_as_one_pass() {
             x % m
         };
         for (round, file) in ["f1", "f2"].into_iter().enumerate() {
-            let evs: Vec<PEv> = (0..20_000)
+            let evs: Vec<PEv> = (0..40_000)
                 .map(|_| {
                     let (k, s) = (next(3_000) as i64, next(40) as i64 + round as i64 * 20);
                     if next(10) == 0 {

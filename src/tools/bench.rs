@@ -318,6 +318,11 @@ async fn small_batch_run(
         "{kind}: one {}-event batch into a table of {} rows: {:.0} ms (upserts {}, deletes {}; loading the table took {:.1} s)",
         args.small_batch, size, apply_ms, r.stats.upserts, r.stats.deletes, load_secs
     );
+    let p = &r.timings;
+    println!(
+        "  its phases (ms): resolve {:.1}, target files {:.1}, state apply {:.1}, state file {:.1}, commits {:.1}",
+        p.resolve_ms, p.target_files_ms, p.state_apply_ms, p.state_file_ms, p.commits_ms
+    );
     Ok(())
 }
 
