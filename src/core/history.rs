@@ -490,40 +490,42 @@ impl History {
             .filter(|&i| self.slots.get(i as usize).is_some_and(|s| s.key == key))
             .or_else(|| self.slot(&key));
         self.events += events.len();
-        let i = match slot {
+        let (i, changed) = match slot {
             Some(i) => {
                 let s = &mut self.slots[i as usize];
                 debug_assert!(from <= s.events.len(), "a plan applies to its history");
                 let from = from.min(s.events.len());
                 mark_changed(&s.events[from..], &mut events);
+                // The events before `from` are as they were: one of them
+                // changed only in a slot already dirty.
+                let changed = events.iter().any(Event::changed);
                 self.events -= s.events.len() - from;
                 s.events.truncate(from);
                 s.events.extend(events);
                 debug_assert!(s.events.windows(2).all(|w| w[0].seq() < w[1].seq()));
-                i
+                (i, changed)
             }
             None => {
                 debug_assert_eq!(from, 0, "a new key has no events before");
                 events.iter_mut().for_each(|e| e.set_changed(true));
+                let changed = !events.is_empty();
                 let i = u32::try_from(self.slots.len()).expect("fewer than 2^32 keys");
-                let slots = &self.slots;
-                self.table
-                    .insert_unique(hash_key(&key), i, |&j| hash_key(&slots[j as usize].key));
                 self.slots.push(Slot {
                     key,
                     events,
                     dirty: false,
                 });
-                i
+                index_slot(&mut self.table, &self.slots, i);
+                (i, changed)
             }
         };
-        self.mark_dirty(i);
+        self.mark_dirty(i, changed);
     }
 
-    /// Lists `slot` as dirty if it has a changed event and is not listed.
-    fn mark_dirty(&mut self, slot: u32) {
+    /// Lists `slot` as dirty once an event of it `changed`.
+    fn mark_dirty(&mut self, slot: u32, changed: bool) {
         let s = &mut self.slots[slot as usize];
-        if !s.dirty && s.events.iter().any(Event::changed) {
+        if changed && !s.dirty {
             s.dirty = true;
             self.dirty.push(slot);
         }
@@ -544,9 +546,7 @@ impl History {
                     moved += 1;
                 }
             }
-            if changed {
-                self.mark_dirty(i as u32);
-            }
+            self.mark_dirty(i as u32, changed);
         }
         moved
     }
@@ -641,11 +641,8 @@ impl History {
         // Slots moved: number them again (a key put again before the next
         // commit is listed anew).
         self.table.clear();
-        let slots = &self.slots;
-        for (i, s) in slots.iter().enumerate() {
-            self.table.insert_unique(hash_key(&s.key), i as u32, |&j| {
-                hash_key(&slots[j as usize].key)
-            });
+        for i in 0..self.slots.len() as u32 {
+            index_slot(&mut self.table, &self.slots, i);
         }
         self.dirty = (0..self.slots.len() as u32)
             .filter(|&i| self.slots[i as usize].dirty)
@@ -666,6 +663,13 @@ impl History {
                 })
                 .sum::<usize>()
     }
+}
+
+/// Lists slot `i` in `table` under its key's hash.
+fn index_slot(table: &mut HashTable<u32>, slots: &[Slot], i: u32) {
+    table.insert_unique(hash_key(&slots[i as usize].key), i, |&j| {
+        hash_key(&slots[j as usize].key)
+    });
 }
 
 /// Marks each of `new` changed that is not in `old` as it is there (both
