@@ -21,6 +21,9 @@ use common::*;
 #[derive(Debug, Default)]
 struct MemoryLog {
     inner: Mutex<MemoryInner>,
+    /// Other processes append too (`append_elsewhere`): `stats` tells only
+    /// what this process appended or replayed, as on a broker.
+    shared: bool,
 }
 
 #[derive(Debug, Default)]
@@ -29,6 +32,26 @@ struct MemoryInner {
     next: i64,
     keys: HashMap<String, i64>,
     released: i64,
+    /// The last offset this process appended or replayed.
+    seen: i64,
+}
+
+impl MemoryLog {
+    /// Another process appends `record`'s payload: this one does not see it
+    /// until it replays.
+    async fn append_elsewhere(&self, record: &Record) -> i64 {
+        let seen = self.inner.lock().unwrap().seen;
+        let appended = self
+            .append(
+                record.key.clone(),
+                record.payload.clone(),
+                record.appended_ms,
+            )
+            .await
+            .unwrap();
+        self.inner.lock().unwrap().seen = seen;
+        appended.offset
+    }
 }
 
 #[async_trait::async_trait]
@@ -52,6 +75,7 @@ impl IngestLog for MemoryLog {
             appended_ms: now_ms,
             payload,
         });
+        g.seen = offset;
         Ok(Appended {
             offset,
             duplicate: false,
@@ -59,7 +83,8 @@ impl IngestLog for MemoryLog {
     }
 
     async fn replay(&self, after: i64) -> Result<Vec<Record>> {
-        let g = self.inner.lock().unwrap();
+        let mut g = self.inner.lock().unwrap();
+        g.seen = g.seen.max(g.next);
         Ok(g.records
             .iter()
             .filter(|r| r.offset > after)
@@ -76,11 +101,21 @@ impl IngestLog for MemoryLog {
 
     fn stats(&self) -> LogStats {
         let g = self.inner.lock().unwrap();
+        let last = if self.shared { g.seen } else { g.next };
         LogStats {
-            next_offset: g.next.max(g.released) + 1,
+            next_offset: last.max(g.released) + 1,
             bytes: g.records.iter().map(|r| r.payload.len() as u64).sum(),
             ..LogStats::default()
         }
+    }
+
+    async fn last_offset(&self) -> Result<i64> {
+        let g = self.inner.lock().unwrap();
+        Ok(g.next.max(g.released))
+    }
+
+    fn shared(&self) -> bool {
+        self.shared
     }
 }
 
@@ -88,6 +123,8 @@ impl IngestLog for MemoryLog {
 #[derive(Default)]
 struct MemoryLogs {
     logs: Mutex<HashMap<String, Arc<MemoryLog>>>,
+    /// The logs are shared with other processes.
+    shared: bool,
 }
 
 impl MemoryLogs {
@@ -96,7 +133,12 @@ impl MemoryLogs {
             .lock()
             .unwrap()
             .entry(flow.to_string())
-            .or_default()
+            .or_insert_with(|| {
+                Arc::new(MemoryLog {
+                    shared: self.shared,
+                    ..MemoryLog::default()
+                })
+            })
             .clone()
     }
 }
@@ -185,6 +227,77 @@ fn the_service_runs_on_an_in_memory_log() {
         assert_eq!(s, 202, "{b}");
         assert!(b["offset"].as_i64() > a["offset"].as_i64(), "{a} {b}");
         commit(&client, &r, "m").await;
+        let all: Vec<_> = first.iter().chain(&second).copied().collect();
+        assert_eq!(table(tmp.path(), "m").await, expected(&all));
+        r.stop().await.unwrap();
+    });
+}
+
+/// Regression (the cluster chaos run): on a shared log `POST /commit` took
+/// the log's end from this instance's own view, so it answered before a
+/// batch another instance had acknowledged after this one's last commit.
+#[test]
+fn commit_waits_for_what_other_instances_appended_to_a_shared_log() {
+    rt().block_on(async {
+        let client = reqwest::Client::new();
+        let first = [u(1, "Oslo", 1), u(2, "Rome", 1)];
+        let second = [u(2, "Lima", 3), u(3, "Kyiv", 1)];
+        // The record another instance appends: `second` as a service logs it.
+        let elsewhere = tempfile::tempdir().unwrap();
+        let scratch = Arc::new(MemoryLogs::default());
+        let r = http::start_with_logs(
+            config(elsewhere.path(), vec![flow_cfg("m", "1h")]),
+            Arc::new(Faults::default()),
+            scratch.clone(),
+        )
+        .await
+        .unwrap();
+        let changes = url(&r, "/v1/flows/m/changes");
+        let (s, b) = post(
+            &client,
+            &changes,
+            "application/x-ndjson",
+            ndjson(&second),
+            Some("k2"),
+        )
+        .await;
+        assert_eq!(s, 202, "{b}");
+        let record = scratch.log("m").replay(0).await.unwrap().remove(0);
+        r.stop().await.unwrap();
+
+        let tmp = tempfile::tempdir().unwrap();
+        let logs = Arc::new(MemoryLogs {
+            shared: true,
+            ..MemoryLogs::default()
+        });
+        let r = http::start_with_logs(
+            config(tmp.path(), vec![flow_cfg("m", "1h")]),
+            Arc::new(Faults::default()),
+            logs.clone(),
+        )
+        .await
+        .unwrap();
+        let changes = url(&r, "/v1/flows/m/changes");
+        let (s, a) = post(
+            &client,
+            &changes,
+            "application/x-ndjson",
+            ndjson(&first),
+            Some("k1"),
+        )
+        .await;
+        assert_eq!(s, 202, "{a}");
+        assert_eq!(commit(&client, &r, "m").await["offset"], 1);
+        // Another instance appends `second` after this one committed; this
+        // one has not replayed it.
+        assert_eq!(logs.log("m").append_elsewhere(&record).await, 2);
+        assert_eq!(
+            logs.log("m").stats().next_offset,
+            2,
+            "the test's view must lag"
+        );
+        let done = commit(&client, &r, "m").await;
+        assert_eq!(done["offset"], 2, "{done}");
         let all: Vec<_> = first.iter().chain(&second).copied().collect();
         assert_eq!(table(tmp.path(), "m").await, expected(&all));
         r.stop().await.unwrap();

@@ -714,10 +714,13 @@ async fn post_commit(
     authorize(&service, &headers, Some(&flow))?;
     let rt = service.flow(&flow)?;
     let status = rt.status();
-    // Everything logged now (here, or by another instance on a shared
-    // log that this one has seen): wait until the applied offset passes it.
+    // Everything logged now, here or by another instance on a shared log
+    // (whose end is asked of the broker: this instance's own view lags, and
+    // a commit answered from it missed batches other instances had
+    // acknowledged): wait until the committed offset passes it.
     let last = (status.applied_offset.max(0) + status.pending_batches as i64)
-        .max(status.wal.next_offset - 1);
+        .max(status.wal.next_offset - 1)
+        .max(rt.log_end().await?);
     let mut rx = rt.subscribe();
     let before = rx.borrow().snapshot_id;
     if last <= rx.borrow().offset {

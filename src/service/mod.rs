@@ -466,6 +466,12 @@ impl FlowRuntime {
         }
     }
 
+    /// The last offset in the flow's log, counting what other instances
+    /// appended to a shared one (asked of its broker).
+    pub async fn log_end(&self) -> Result<i64> {
+        self.log.last_offset().await
+    }
+
     /// Asks the committer to commit everything appended so far now, rather
     /// than at its next `commit_interval` tick.
     pub fn commit_soon(&self) {

@@ -608,6 +608,19 @@ impl IngestLog for NatsLog {
         true
     }
 
+    async fn last_offset(&self) -> Result<i64> {
+        let name = self.stream.cached_info().config.name.clone();
+        let info = self
+            .stream
+            .get_info()
+            .await
+            .map_err(|e| unavailable(&name, e))?;
+        let last = info.state.last_sequence as i64;
+        let mut g = self.lock();
+        g.next_offset = g.next_offset.max(last + 1);
+        Ok(g.next_offset - 1)
+    }
+
     async fn read(&self, offset: i64) -> Result<Option<Record>> {
         let name = self.stream.cached_info().config.name.clone();
         let msg = match self.stream.get_raw_message(offset as u64).await {

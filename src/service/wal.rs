@@ -84,6 +84,13 @@ pub trait IngestLog: Send + Sync + std::fmt::Debug {
 
     fn stats(&self) -> LogStats;
 
+    /// The last offset stored. On a shared log other processes append too,
+    /// so `stats` is only what this process has seen: a shared log asks its
+    /// broker (`POST .../commit` waits for everything stored before it).
+    async fn last_offset(&self) -> Result<i64> {
+        Ok(self.stats().next_offset - 1)
+    }
+
     /// The record at `offset`, when this log can hold records this process
     /// did not append or replay: a shared log where an append that timed
     /// out (and was answered 503) may still have been stored, so its retry
