@@ -414,6 +414,10 @@ pub struct History {
     /// so each commit writes a touched key's events whole, and a key's
     /// events are those of its latest generation.
     appends: bool,
+    /// At most the delete time of every key whose latest event is a delete
+    /// (none: no such key), so `gc_tombstones` costs nothing while none can
+    /// have expired; exact after each of its scans.
+    oldest_tombstone_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -519,6 +523,13 @@ impl History {
                 (i, changed)
             }
         };
+        if let Some(t) = self.slots[i as usize]
+            .events
+            .last()
+            .and_then(Event::deleted_at_ms)
+        {
+            self.oldest_tombstone_ms = Some(self.oldest_tombstone_ms.map_or(t, |o| o.min(t)));
+        }
         self.mark_dirty(i, changed);
     }
 
@@ -617,14 +628,21 @@ impl History {
 
     /// SCD Type 1: forgets keys whose latest change is a delete committed
     /// before `cutoff_ms` (like a collected tombstone: a late older change
-    /// for the key is applied again). Returns how many.
+    /// for the key is applied again). Returns how many. Costs nothing while
+    /// no tombstone can have expired (every commit calls it); otherwise one
+    /// pass, and a second to drop the expired.
     pub fn gc_tombstones(&mut self, cutoff_ms: i64) -> usize {
-        let gone = |s: &Slot| {
-            s.events
-                .last()
-                .and_then(Event::deleted_at_ms)
-                .is_some_and(|t| t < cutoff_ms)
-        };
+        if self.oldest_tombstone_ms.is_none_or(|o| o >= cutoff_ms) {
+            return 0;
+        }
+        let tombstone = |s: &Slot| s.events.last().and_then(Event::deleted_at_ms);
+        let gone = |s: &Slot| tombstone(s).is_some_and(|t| t < cutoff_ms);
+        self.oldest_tombstone_ms = self
+            .slots
+            .iter()
+            .filter_map(tombstone)
+            .filter(|&t| t >= cutoff_ms)
+            .min();
         if !self.slots.iter().any(gone) {
             return 0;
         }
@@ -1336,6 +1354,40 @@ mod tests {
             deleted_at_ms,
             loc,
         )
+    }
+
+    #[test]
+    fn tombstones_expire_by_their_delete_time_whatever_was_written_since() {
+        let mut h = History::new(false);
+        let del = |seq, t| ev(seq, b"", Some(t), None);
+        h.put(
+            None,
+            vec![1].into(),
+            0,
+            vec![ev(1, b"a", None, None), del(2, 100)],
+        );
+        h.put(None, vec![2].into(), 0, vec![del(1, 200)]);
+        assert_eq!(h.gc_tombstones(100), 0, "none older than the cutoff");
+        assert_eq!(h.gc_tombstones(150), 1);
+        assert!(h.get(&[1]).is_none() && h.get(&[2]).is_some());
+        assert_eq!(h.gc_tombstones(150), 0);
+        // Key 2 is upserted after its delete: no longer a tombstone.
+        h.put(
+            h.slot(&[2]),
+            vec![2].into(),
+            1,
+            vec![ev(3, b"b", None, None)],
+        );
+        assert_eq!(h.gc_tombstones(300), 0);
+        assert_eq!(h.len(), 1);
+        // Deleted again, at a time before the bound the last scan left, and
+        // a new key deleted: both expire.
+        h.put(None, vec![3].into(), 0, vec![del(1, 250)]);
+        h.put(h.slot(&[2]), vec![2].into(), 2, vec![del(4, 50)]);
+        assert_eq!(h.gc_tombstones(240), 1);
+        assert_eq!(h.gc_tombstones(260), 1);
+        assert!(h.is_empty());
+        assert_eq!(h.events(), 0);
     }
 
     #[test]
