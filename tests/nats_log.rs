@@ -599,6 +599,34 @@ fn two_instances_on_one_flow_both_take_pushes_one_commits_and_the_table_has_each
         assert_eq!(s, 200, "{ack}");
         all.extend(evs);
         assert_eq!(table(tmp.path(), "m").await, expected(&all));
+        // The instance without the lease never reads the log, yet its
+        // status counts what the holder alone acknowledged (it asks the
+        // broker for the log's end as it follows the holder's commits).
+        let (holder, other) = if held[0] { (&a, &b) } else { (&b, &a) };
+        let evs = vec![u(51, "Oslo", 101)];
+        let ack = push(
+            &client,
+            &url(holder, "/v1/flows/m/changes"),
+            &evs,
+            Some("k-holder"),
+        )
+        .await;
+        all.extend(evs);
+        let end = ack["offset"].as_i64().unwrap();
+        let mut status = serde_json::Value::Null;
+        for _ in 0..150 {
+            status = flow_status(&client, other, "m").await;
+            if status["status"]["wal"]["next_offset"] == end + 1
+                && status["status"]["committed_offset"] == end
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(status["status"]["wal"]["next_offset"], end + 1, "{status}");
+        assert_eq!(status["status"]["committed_offset"], end, "{status}");
+        assert_eq!(status["status"]["log_lag_batches"], 0, "{status}");
+        assert_eq!(table(tmp.path(), "m").await, expected(&all));
         a.stop().await.unwrap();
         b.stop().await.unwrap();
     });

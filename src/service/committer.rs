@@ -337,10 +337,14 @@ async fn opened<'a>(
 }
 
 /// Where another instance commits the flow: the committed offset and
-/// snapshot the target records, for clients that wait for a commit.
+/// snapshot the target records, for clients that wait for a commit, and the
+/// log's end as the broker tells it, so this instance's status counts what
+/// only the holder acknowledged (its own view of the log moves only with
+/// its own appends).
 async fn follow(rt: &FlowRuntime, catalog: &Arc<dyn Catalog>) -> Result<()> {
     let (offset, snapshot_id) =
         Engine::committed_offset(&rt.flow, catalog.as_ref(), &rt.log_ref).await?;
+    rt.log_end().await?;
     {
         let mut inner = rt.lock();
         inner.status.committed_offset = offset;
