@@ -340,11 +340,11 @@ async fn opened<'a>(
 /// snapshot the target records, for clients that wait for a commit, and the
 /// log's end as the broker tells it, so this instance's status counts what
 /// only the holder acknowledged (its own view of the log moves only with
-/// its own appends).
+/// its own appends). The broker is asked last, so an unreachable one
+/// leaves only the log's end stale, not the commits waiting clients watch.
 async fn follow(rt: &FlowRuntime, catalog: &Arc<dyn Catalog>) -> Result<()> {
     let (offset, snapshot_id) =
         Engine::committed_offset(&rt.flow, catalog.as_ref(), &rt.log_ref).await?;
-    rt.log_end().await?;
     {
         let mut inner = rt.lock();
         inner.status.committed_offset = offset;
@@ -359,6 +359,7 @@ async fn follow(rt: &FlowRuntime, catalog: &Arc<dyn Catalog>) -> Result<()> {
             snapshot_id,
         });
     }
+    rt.log_end().await?;
     Ok(())
 }
 
