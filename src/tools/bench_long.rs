@@ -137,6 +137,11 @@ pub async fn run(args: BenchLongArgs) -> Result<()> {
         args.delete_fraction * 100.0,
         dir.display()
     );
+    std::fs::create_dir_all(&dir)?;
+    println!(
+        "file system: {:.2} ms to create, write and sync one 16 KiB file there (median of 3 x 100); every commit writes several (data, deletes, manifests, metadata, state)",
+        crate::tools::bench::file_floor_ms(&dir)?
+    );
     let mut results: Vec<(String, Vec<Row>)> = Vec::new();
     for mode in &modes {
         let warehouse = dir.join(format!("warehouse-{mode}"));
