@@ -897,8 +897,25 @@ fn a_paused_holder_that_resumes_after_a_takeover_loses_and_doubles_nothing() {
         }
         let h = holder().await;
         let other = 1 - h;
-        push_rounds(h, 10).await;
+        let first = push_rounds(h, 10).await;
         push_rounds(other, 10).await;
+        // The holder has committed under its lease before it is paused, so
+        // the table's history shows both holders (on a slow machine its
+        // first commit could otherwise come after the pause).
+        let mut held_commit = 0;
+        for _ in 0..200 {
+            held_commit = status(h)
+                .await
+                .map_or(0, |s| s["status"]["committed_offset"].as_i64().unwrap_or(0));
+            if held_commit >= first {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            held_commit >= first,
+            "the holder committed {held_commit} of {first} before the pause"
+        );
         signal(procs[h].id(), "-STOP");
         let last = push_rounds(other, 10).await;
         // The other instance takes the flow over and commits everything.
