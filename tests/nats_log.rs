@@ -836,6 +836,23 @@ fn a_paused_holder_that_resumes_after_a_takeover_loses_and_doubles_nothing() {
                 }
             }
         };
+        // Instance `i`'s committed offset once it reaches `want` (10 s at most).
+        let committed_to = |i: usize, want: i64| {
+            let status = &status;
+            async move {
+                let mut committed = 0;
+                for _ in 0..200 {
+                    committed = status(i)
+                        .await
+                        .map_or(0, |s| s["status"]["committed_offset"].as_i64().unwrap_or(0));
+                    if committed >= want {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                committed
+            }
+        };
         let holder = || async {
             for _ in 0..200 {
                 for i in 0..2 {
@@ -902,16 +919,7 @@ fn a_paused_holder_that_resumes_after_a_takeover_loses_and_doubles_nothing() {
         // The holder has committed under its lease before it is paused, so
         // the table's history shows both holders (on a slow machine its
         // first commit could otherwise come after the pause).
-        let mut held_commit = 0;
-        for _ in 0..200 {
-            held_commit = status(h)
-                .await
-                .map_or(0, |s| s["status"]["committed_offset"].as_i64().unwrap_or(0));
-            if held_commit >= first {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let held_commit = committed_to(h, first).await;
         assert!(
             held_commit >= first,
             "the holder committed {held_commit} of {first} before the pause"
@@ -919,16 +927,7 @@ fn a_paused_holder_that_resumes_after_a_takeover_loses_and_doubles_nothing() {
         signal(procs[h].id(), "-STOP");
         let last = push_rounds(other, 10).await;
         // The other instance takes the flow over and commits everything.
-        let mut committed = 0;
-        for _ in 0..200 {
-            committed = status(other)
-                .await
-                .map_or(0, |s| s["status"]["committed_offset"].as_i64().unwrap_or(0));
-            if committed >= last {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let committed = committed_to(other, last).await;
         assert!(
             committed >= last,
             "committed {committed} of {last} while the holder was paused"
