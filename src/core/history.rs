@@ -145,9 +145,11 @@ impl HistCodec {
 }
 
 /// The encoded value columns of one change (`HistCodec`) in one allocation:
-/// the count, each value's end offset (u32 little-endian), then the bytes.
-/// One allocation per event instead of one per value: a history flow holds
-/// every event of every key, and allocator work bounded its throughput.
+/// a header (LEB128 of `n << 1 | wide`, one byte below 64 columns), the end
+/// offsets of the first `n - 1` values (u16 little-endian, u32 when `wide`;
+/// the last ends with the bytes), then the bytes. One allocation per event
+/// instead of one per value, and a few header bytes per event: a history
+/// flow holds every event of every key, and both bound it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct Vals(Box<[u8]>);
 
@@ -186,24 +188,70 @@ impl Vals {
     }
 }
 
+/// The layout of `n` values whose first `n - 1` take `inner` bytes:
+/// (header, offset width).
+fn vals_header(n: usize, inner: usize) -> (u64, usize) {
+    let wide = inner > u16::MAX as usize;
+    (((n as u64) << 1) | wide as u64, if wide { 4 } else { 2 })
+}
+
 /// The bytes `push_vals` writes for `vals`.
 fn vals_len<'a>(vals: impl Iterator<Item = &'a [u8]>) -> usize {
-    let (n, bytes) = vals.fold((0usize, 0usize), |(n, b), v| (n + 1, b + v.len()));
-    4 + 4 * n + bytes
+    let (n, bytes, last) = vals.fold((0usize, 0usize, 0usize), |(n, b, _), v| {
+        (n + 1, b + v.len(), v.len())
+    });
+    let (h, w) = vals_header(n, bytes - last);
+    leb128_len(h) + w * n.saturating_sub(1) + bytes
 }
 
 /// Appends `vals` in `Vals`' layout.
 fn push_vals<'a>(out: &mut Vec<u8>, vals: impl Iterator<Item = &'a [u8]> + Clone) {
-    let n = vals.clone().count();
-    out.extend_from_slice(&(n as u32).to_le_bytes());
-    let mut end = 0u32;
-    for v in vals.clone() {
-        end += v.len() as u32;
-        out.extend_from_slice(&end.to_le_bytes());
+    let (n, bytes, last) = vals.clone().fold((0usize, 0usize, 0usize), |(n, b, _), v| {
+        (n + 1, b + v.len(), v.len())
+    });
+    let (h, w) = vals_header(n, bytes - last);
+    push_leb128(out, h);
+    let mut end = 0usize;
+    for v in vals.clone().take(n.saturating_sub(1)) {
+        end += v.len();
+        out.extend_from_slice(&end.to_le_bytes()[..w]);
     }
     for v in vals {
         out.extend_from_slice(v);
     }
+}
+
+fn leb128_len(mut v: u64) -> usize {
+    let mut n = 1;
+    while v >= 0x80 {
+        v >>= 7;
+        n += 1;
+    }
+    n
+}
+
+fn push_leb128(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// (value, bytes read) of the LEB128 at the start of `b`.
+fn read_leb128(b: &[u8]) -> (u64, usize) {
+    if b[0] < 0x80 {
+        return (b[0] as u64, 1);
+    }
+    let (mut v, mut shift) = (0u64, 0);
+    for (i, &x) in b.iter().enumerate() {
+        v |= ((x & 0x7f) as u64) << shift;
+        if x < 0x80 {
+            return (v, i + 1);
+        }
+        shift += 7;
+    }
+    panic!("a truncated LEB128 in encoded values")
 }
 
 /// The encoded value columns of one change, borrowed (`Vals`' layout).
@@ -211,12 +259,31 @@ fn push_vals<'a>(out: &mut Vec<u8>, vals: impl Iterator<Item = &'a [u8]> + Clone
 pub struct ValsRef<'a>(&'a [u8]);
 
 impl<'a> ValsRef<'a> {
-    fn u32_at(&self, at: usize) -> usize {
-        u32::from_le_bytes(self.0[at..at + 4].try_into().expect("4 bytes")) as usize
+    /// (columns, offset width, header bytes).
+    #[inline]
+    fn header(&self) -> (usize, usize, usize) {
+        let h = match self.0.first() {
+            None => return (0, 2, 0),
+            Some(&h) if h < 0x80 => (h as u64, 1),
+            Some(_) => read_leb128(self.0),
+        };
+        ((h.0 >> 1) as usize, if h.0 & 1 == 1 { 4 } else { 2 }, h.1)
+    }
+
+    /// The end of value `i` (of the first `n - 1`) at offset width `w`
+    /// after a header of `at` bytes.
+    #[inline]
+    fn end(&self, at: usize, w: usize, i: usize) -> usize {
+        let o = at + w * i;
+        if w == 2 {
+            u16::from_le_bytes([self.0[o], self.0[o + 1]]) as usize
+        } else {
+            u32::from_le_bytes(self.0[o..o + 4].try_into().expect("4 bytes")) as usize
+        }
     }
 
     pub fn len(&self) -> usize {
-        if self.0.is_empty() { 0 } else { self.u32_at(0) }
+        self.header().0
     }
 
     pub fn is_empty(&self) -> bool {
@@ -224,16 +291,41 @@ impl<'a> ValsRef<'a> {
     }
 
     /// Value column `c`, encoded.
+    #[inline]
     pub fn get(&self, c: usize) -> &'a [u8] {
-        let n = self.len();
-        let data = 4 + 4 * n;
-        let start = if c == 0 { 0 } else { self.u32_at(4 * c) };
-        let end = self.u32_at(4 + 4 * c);
+        let (n, w, at) = self.header();
+        assert!(c < n, "value column {c} of {n}");
+        let data = at + w * (n - 1);
+        let start = if c == 0 { 0 } else { self.end(at, w, c - 1) };
+        let end = if c == n - 1 {
+            self.0.len() - data
+        } else {
+            self.end(at, w, c)
+        };
         &self.0[data + start..data + end]
     }
 
+    /// The values in order (the header read once).
+    #[inline]
     pub fn iter(self) -> impl Iterator<Item = &'a [u8]> + Clone {
-        (0..self.len()).map(move |c| self.get(c))
+        let (n, w, at) = self.header();
+        let data = at + w * n.saturating_sub(1);
+        (0..n).scan(0usize, move |start, c| {
+            let end = if c + 1 == n {
+                self.0.len() - data
+            } else {
+                self.end(at, w, c)
+            };
+            let v = &self.0[data + *start..data + end];
+            *start = end;
+            Some(v)
+        })
+    }
+
+    /// The bytes of the values, without the header.
+    pub fn value_bytes(&self) -> usize {
+        let (n, w, at) = self.header();
+        self.0.len() - at - w * n.saturating_sub(1)
     }
 
     /// The values, owned.
@@ -267,25 +359,18 @@ impl Folding {
     }
 }
 
-/// One applied change of a key.
+/// One applied change of a key, in one allocation.
 ///
-/// Its sequence and values share one allocation, and absent times and
-/// locations are flags, not `Option`s: a history flow holds every event
-/// of every key, so an event's size is the state's size.
+/// A history flow holds every event of every key, so an event's size is
+/// the state's size: the struct is one pointer and length, and the bytes
+/// hold, in order, the flags (u8), the fingerprint (u64), the location
+/// (file and position, u32 each; zero unless `LOCATED`), the delete time
+/// (i64, only when `DELETED`), the sequence's length (u8, or 255 and a
+/// u32), the row-encoded sequence (`Codec::seqs`), then the encoded value
+/// columns (`Vals`' layout). Integers are little-endian.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
-    /// The row-encoded sequence (`Codec::seqs`) after its length (u32
-    /// little-endian), then the encoded value columns (`Vals`' layout).
     data: Box<[u8]>,
-    /// Fingerprint of the whole change: decides ties, spots duplicates.
-    pub fp: u64,
-    /// Commit time of a delete (`DELETED`); 0 for an upsert.
-    deleted_at_ms: i64,
-    /// Where the target row this event anchors sits (`LOCATED`): the
-    /// version it opens (SCD Type 2) or the current row it last updated
-    /// (SCD Type 1).
-    loc: Loc,
-    flags: u8,
 }
 
 /// `Event::flags`: a delete.
@@ -297,6 +382,11 @@ const LOCATED: u8 = 2;
 /// only these.
 const CHANGED: u8 = 4;
 
+/// Where an event's fingerprint, location and delete time sit.
+const FP_AT: usize = 1;
+const LOC_AT: usize = 9;
+const DELETED_AT: usize = 17;
+
 impl Event {
     pub fn new<'a>(
         seq: &[u8],
@@ -305,33 +395,71 @@ impl Event {
         deleted_at_ms: Option<i64>,
         loc: Option<Loc>,
     ) -> Event {
-        let mut data = Vec::with_capacity(4 + seq.len() + vals_len(vals.clone()));
-        data.extend_from_slice(&(seq.len() as u32).to_le_bytes());
+        let head = DELETED_AT + if deleted_at_ms.is_some() { 8 } else { 0 };
+        let seq_head = if seq.len() < 255 { 1 } else { 5 };
+        let mut data = Vec::with_capacity(head + seq_head + seq.len() + vals_len(vals.clone()));
+        data.push(if deleted_at_ms.is_some() { DELETED } else { 0 });
+        data.extend_from_slice(&fp.to_le_bytes());
+        data.extend_from_slice(&[0; 8]);
+        if let Some(t) = deleted_at_ms {
+            data.extend_from_slice(&t.to_le_bytes());
+        }
+        if seq.len() < 255 {
+            data.push(seq.len() as u8);
+        } else {
+            data.push(255);
+            data.extend_from_slice(&(seq.len() as u32).to_le_bytes());
+        }
         data.extend_from_slice(seq);
         push_vals(&mut data, vals);
         let mut e = Event {
             data: data.into_boxed_slice(),
-            fp,
-            deleted_at_ms: deleted_at_ms.unwrap_or(0),
-            loc: Loc { file: 0, pos: 0 },
-            flags: if deleted_at_ms.is_some() { DELETED } else { 0 },
         };
         e.set_loc(loc);
         e
     }
 
-    fn seq_len(&self) -> usize {
-        u32::from_le_bytes(self.data[..4].try_into().expect("4 bytes")) as usize
+    #[inline]
+    fn flags(&self) -> u8 {
+        self.data[0]
+    }
+
+    fn u64_at(&self, at: usize) -> u64 {
+        u64::from_le_bytes(self.data[at..at + 8].try_into().expect("8 bytes"))
+    }
+
+    /// (start, length) of the sequence.
+    #[inline]
+    fn seq_span(&self) -> (usize, usize) {
+        let at = DELETED_AT + 8 * (self.flags() & DELETED != 0) as usize;
+        match self.data[at] {
+            255 => {
+                let len =
+                    u32::from_le_bytes(self.data[at + 1..at + 5].try_into().expect("4 bytes"));
+                (at + 5, len as usize)
+            }
+            len => (at + 1, len as usize),
+        }
+    }
+
+    /// Fingerprint of the whole change: decides ties, spots duplicates.
+    #[inline]
+    pub fn fp(&self) -> u64 {
+        self.u64_at(FP_AT)
     }
 
     /// The row-encoded sequence (`Codec::seqs`).
+    #[inline]
     pub fn seq(&self) -> &[u8] {
-        &self.data[4..4 + self.seq_len()]
+        let (at, len) = self.seq_span();
+        &self.data[at..at + len]
     }
 
     /// The value columns, encoded (`HistCodec`).
+    #[inline]
     pub fn vals(&self) -> ValsRef<'_> {
-        ValsRef(&self.data[4 + self.seq_len()..])
+        let (at, len) = self.seq_span();
+        ValsRef(&self.data[at + len..])
     }
 
     /// The same change with other values.
@@ -339,51 +467,62 @@ impl Event {
         let mut e = Event::new(
             self.seq(),
             vals.iter(),
-            self.fp,
+            self.fp(),
             self.deleted_at_ms(),
             self.loc(),
         );
-        e.flags = self.flags;
+        e.data[0] = self.flags();
         e
     }
 
+    #[inline]
     pub fn is_delete(&self) -> bool {
-        self.flags & DELETED != 0
+        self.flags() & DELETED != 0
     }
 
     /// Commit time of a delete; None for an upsert.
     pub fn deleted_at_ms(&self) -> Option<i64> {
-        self.is_delete().then_some(self.deleted_at_ms)
+        self.is_delete().then(|| self.u64_at(DELETED_AT) as i64)
     }
 
+    /// Where the target row this event anchors sits: the version it opens
+    /// (SCD Type 2) or the current row it last updated (SCD Type 1).
     pub fn loc(&self) -> Option<Loc> {
-        (self.flags & LOCATED != 0).then_some(self.loc)
+        (self.flags() & LOCATED != 0).then(|| {
+            let l = self.u64_at(LOC_AT);
+            Loc {
+                file: l as u32,
+                pos: (l >> 32) as u32,
+            }
+        })
     }
 
     pub fn set_loc(&mut self, loc: Option<Loc>) {
-        match loc {
-            Some(l) => {
-                self.loc = l;
-                self.flags |= LOCATED;
-            }
-            None => {
-                self.loc = Loc { file: 0, pos: 0 };
-                self.flags &= !LOCATED;
-            }
-        }
+        let (l, flag) = match loc {
+            Some(l) => ((l.pos as u64) << 32 | l.file as u64, LOCATED),
+            None => (0, 0),
+        };
+        self.data[LOC_AT..LOC_AT + 8].copy_from_slice(&l.to_le_bytes());
+        self.data[0] = (self.data[0] & !LOCATED) | flag;
     }
 
     /// Changed since the last state commit.
     pub fn changed(&self) -> bool {
-        self.flags & CHANGED != 0
+        self.flags() & CHANGED != 0
     }
 
     pub fn set_changed(&mut self, changed: bool) {
         if changed {
-            self.flags |= CHANGED;
+            self.data[0] |= CHANGED;
         } else {
-            self.flags &= !CHANGED;
+            self.data[0] &= !CHANGED;
         }
+    }
+
+    /// The same change at the same place, whether or not either is marked
+    /// changed.
+    fn same_as(&self, other: &Event) -> bool {
+        self.data[1..] == other.data[1..] && (self.flags() | CHANGED) == (other.flags() | CHANGED)
     }
 
     /// Heap and inline bytes held.
@@ -406,6 +545,9 @@ pub struct History {
     pub files: FileTable,
     /// Slots with a changed event, each once.
     dirty: Vec<u32>,
+    /// A bit per slot: listed in `dirty` (a bit, not a field of `Slot`:
+    /// a history holds a slot per key).
+    listed: Vec<u64>,
     events: usize,
     /// The state log only appends: each commit writes the events that
     /// changed, and a key's events are the latest row of each sequence.
@@ -423,9 +565,9 @@ pub struct History {
 #[derive(Debug, Clone)]
 struct Slot {
     key: Box<[u8]>,
-    events: Vec<Event>,
-    /// Listed in `History::dirty`.
-    dirty: bool,
+    /// Exactly as many as held: a history holds a slot per key, and a
+    /// vector's spare room was a tenth of the state.
+    events: Box<[Event]>,
 }
 
 impl History {
@@ -451,8 +593,7 @@ impl History {
     }
 
     pub fn get(&self, key: &[u8]) -> Option<&[Event]> {
-        self.slot(key)
-            .map(|i| self.slots[i as usize].events.as_slice())
+        self.slot(key).map(|i| &*self.slots[i as usize].events)
     }
 
     /// The events of `slot` (from `slot`).
@@ -504,8 +645,11 @@ impl History {
                 // changed only in a slot already dirty.
                 let changed = events.iter().any(Event::changed);
                 self.events -= s.events.len() - from;
-                s.events.truncate(from);
-                s.events.extend(events);
+                let mut kept = std::mem::take(&mut s.events).into_vec();
+                kept.truncate(from);
+                kept.reserve_exact(events.len());
+                kept.extend(events);
+                s.events = kept.into_boxed_slice();
                 debug_assert!(s.events.windows(2).all(|w| w[0].seq() < w[1].seq()));
                 (i, changed)
             }
@@ -516,8 +660,7 @@ impl History {
                 let i = u32::try_from(self.slots.len()).expect("fewer than 2^32 keys");
                 self.slots.push(Slot {
                     key,
-                    events,
-                    dirty: false,
+                    events: events.into_boxed_slice(),
                 });
                 index_slot(&mut self.table, &self.slots, i);
                 (i, changed)
@@ -535,9 +678,12 @@ impl History {
 
     /// Lists `slot` as dirty once an event of it `changed`.
     fn mark_dirty(&mut self, slot: u32, changed: bool) {
-        let s = &mut self.slots[slot as usize];
-        if changed && !s.dirty {
-            s.dirty = true;
+        let (word, bit) = (slot as usize / 64, 1u64 << (slot % 64));
+        if changed && self.listed.get(word).is_none_or(|w| w & bit == 0) {
+            if self.listed.len() <= word {
+                self.listed.resize(word + 1, 0);
+            }
+            self.listed[word] |= bit;
             self.dirty.push(slot);
         }
     }
@@ -576,7 +722,7 @@ impl History {
             return 0;
         }
         let map = self.files.retain(&used);
-        for e in self.slots.iter_mut().flat_map(|s| &mut s.events) {
+        for e in self.slots.iter_mut().flat_map(|s| s.events.iter_mut()) {
             if let Some(mut l) = e.loc() {
                 l.file = map[l.file as usize];
                 e.set_loc(Some(l));
@@ -586,7 +732,7 @@ impl History {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[Event])> + '_ {
-        self.slots.iter().map(|s| (&*s.key, s.events.as_slice()))
+        self.slots.iter().map(|s| (&*s.key, &*s.events))
     }
 
     /// (slot, key, events) of every key.
@@ -594,14 +740,14 @@ impl History {
         self.slots
             .iter()
             .enumerate()
-            .map(|(i, s)| (i as u32, &*s.key, s.events.as_slice()))
+            .map(|(i, s)| (i as u32, &*s.key, &*s.events))
     }
 
     /// The keys with a changed event, each once.
     pub fn dirty(&self) -> impl Iterator<Item = (&[u8], &[Event])> + '_ {
         self.dirty.iter().map(|&i| {
             let s = &self.slots[i as usize];
-            (&*s.key, s.events.as_slice())
+            (&*s.key, &*s.events)
         })
     }
 
@@ -620,8 +766,8 @@ impl History {
 
     pub fn clear_dirty(&mut self) {
         for i in std::mem::take(&mut self.dirty) {
+            self.listed[i as usize / 64] &= !(1u64 << (i % 64));
             let s = &mut self.slots[i as usize];
-            s.dirty = false;
             s.events.iter_mut().for_each(|e| e.set_changed(false));
         }
     }
@@ -662,24 +808,39 @@ impl History {
         for i in 0..self.slots.len() as u32 {
             index_slot(&mut self.table, &self.slots, i);
         }
-        self.dirty = (0..self.slots.len() as u32)
-            .filter(|&i| self.slots[i as usize].dirty)
-            .collect();
+        // A slot is listed while it has a changed event.
+        self.dirty.clear();
+        self.listed.iter_mut().for_each(|w| *w = 0);
+        for i in 0..self.slots.len() as u32 {
+            let changed = self.slots[i as usize].events.iter().any(Event::changed);
+            self.mark_dirty(i, changed);
+        }
         before - self.slots.len()
     }
 
-    /// An estimate of the memory the history holds.
+    /// An estimate of the memory the history holds: what it allocated,
+    /// spare capacity included (not the allocator's rounding).
     pub fn heap_bytes(&self) -> usize {
-        self.table.capacity() * 5
+        self.table.capacity() * (std::mem::size_of::<u32>() + 1)
+            + self.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.dirty.capacity() * std::mem::size_of::<u32>()
+            + self.listed.capacity() * std::mem::size_of::<u64>()
             + self
                 .slots
                 .iter()
-                .map(|s| {
-                    std::mem::size_of::<Slot>()
-                        + s.key.len()
-                        + s.events.iter().map(Event::bytes).sum::<usize>()
-                })
+                .map(|s| s.key.len() + s.events.iter().map(Event::bytes).sum::<usize>())
                 .sum::<usize>()
+    }
+
+    /// The bytes of the encoded values among `heap_bytes` (what remains is
+    /// the state's own overhead: keys, sequences, fingerprints, locations,
+    /// headers, the index).
+    pub fn value_bytes(&self) -> usize {
+        self.slots
+            .iter()
+            .flat_map(|s| &s.events)
+            .map(|e| e.vals().value_bytes())
+            .sum()
     }
 }
 
@@ -696,15 +857,7 @@ fn mark_changed(old: &[Event], new: &mut [Event]) {
     let mut o = old.iter().peekable();
     for e in new.iter_mut() {
         while o.next_if(|x| x.seq() < e.seq()).is_some() {}
-        // Sequence and values are `data`; the flags but `CHANGED` compared apart.
-        let same = o.peek().is_some_and(|x| {
-            x.data == e.data
-                && x.fp == e.fp
-                && x.deleted_at_ms == e.deleted_at_ms
-                && x.loc == e.loc
-                && (x.flags | CHANGED) == (e.flags | CHANGED)
-        });
-        if !same {
+        if !o.peek().is_some_and(|x| x.same_as(e)) {
             e.set_changed(true);
         }
     }
@@ -969,7 +1122,7 @@ pub fn resolve(
                 None,
             );
             if let Some(e) = events.get(at).filter(|e| e.seq() == seq) {
-                match same_sequence(flow, i, fp, e.fp, e.is_delete())? {
+                match same_sequence(flow, i, fp, e.fp(), e.is_delete())? {
                     SameSequence::ReplacesSentinel => {}
                     SameSequence::Duplicate => {
                         plan.stats.duplicates += 1;
@@ -1406,7 +1559,7 @@ mod tests {
             vec![b"a".as_slice(), b""]
         );
         assert_eq!(
-            (e.fp, e.deleted_at_ms(), e.loc(), e.is_delete()),
+            (e.fp(), e.deleted_at_ms(), e.loc(), e.is_delete()),
             (7, None, Some(loc), false)
         );
         assert!(!e.changed());
@@ -1419,8 +1572,71 @@ mod tests {
             (&b""[..], 0, Some(0))
         );
         assert!(d.is_delete());
-        // Shares one allocation: the event is smaller than its old fields.
-        assert!(std::mem::size_of::<Event>() <= 48);
+        // One allocation behind one pointer and length.
+        assert_eq!(std::mem::size_of::<Event>(), 16);
+    }
+
+    #[test]
+    fn events_and_values_of_any_size_round_trip() {
+        // Sequences around the one-byte length, values around the 2-byte
+        // offsets, counts around the one-byte header, negative times.
+        let long = vec![7u8; 70_000];
+        for seq_len in [0usize, 1, 254, 255, 256, 300] {
+            for (ncols, big) in [
+                (0usize, false),
+                (1, false),
+                (1, true),
+                (3, true),
+                (63, false),
+                (64, false),
+                (200, true),
+            ] {
+                let seq: Vec<u8> = (0..seq_len).map(|i| i as u8).collect();
+                let vals: Vec<&[u8]> = (0..ncols)
+                    .map(|c| {
+                        if big && c == ncols / 2 {
+                            &long[..]
+                        } else {
+                            &long[..c % 5]
+                        }
+                    })
+                    .collect();
+                let loc = Loc {
+                    file: u32::MAX,
+                    pos: 0x8000_0001,
+                };
+                for del in [None, Some(-5i64), Some(i64::MAX)] {
+                    let mut e =
+                        Event::new(&seq, vals.iter().copied(), u64::MAX - 1, del, Some(loc));
+                    assert_eq!(e.seq(), &seq[..]);
+                    assert_eq!(e.vals().iter().collect::<Vec<_>>(), vals);
+                    assert_eq!(
+                        (e.fp(), e.deleted_at_ms(), e.loc()),
+                        (u64::MAX - 1, del, Some(loc))
+                    );
+                    e.set_loc(None);
+                    e.set_changed(true);
+                    assert_eq!((e.loc(), e.changed(), e.deleted_at_ms()), (None, true, del));
+                    assert_eq!(
+                        e.seq(),
+                        &seq[..],
+                        "flags and location leave the sequence be"
+                    );
+                    let v = Vals::new(vals.iter().copied());
+                    assert_eq!(
+                        (v.len(), v.iter().collect::<Vec<_>>()),
+                        (ncols, vals.clone())
+                    );
+                    assert_eq!(v.as_ref(), e.vals());
+                }
+            }
+        }
+        // Short values take a one-byte header and 2-byte offsets.
+        assert_eq!(
+            Vals::new([&b"ab"[..], b"c", b"de"].into_iter()).heap_bytes(),
+            1 + 2 * 2 + 5
+        );
+        assert_eq!(Vals::default().len(), 0);
     }
 
     #[test]
@@ -1499,7 +1715,11 @@ mod tests {
             assert_eq!(v.get(c), *p, "value {c}");
         }
         assert_eq!(v.iter().collect::<Vec<_>>(), parts.to_vec());
-        assert_eq!(v.heap_bytes(), 4 + 4 * 4 + 6);
+        assert_eq!(
+            v.heap_bytes(),
+            1 + 2 * 3 + 6,
+            "a header byte, three 2-byte ends"
+        );
         // Equal values, equal bytes: folds compare and hash them whole.
         assert_eq!(v, Vals::new(parts.iter().copied()));
         assert_ne!(

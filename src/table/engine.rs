@@ -310,6 +310,8 @@ pub struct StateSummary {
     /// Events held (history flows keep every event; SCD Type 1 one per key).
     pub events: usize,
     pub bytes: usize,
+    /// Of `bytes`, the encoded values history flows keep per event.
+    pub value_bytes: usize,
     pub bytes_per_key: f64,
     pub state_snapshot_id: Option<i64>,
     pub generation: i64,
@@ -1650,6 +1652,7 @@ impl Engine {
             tombstones: sizes.keys - sizes.live,
             events: sizes.events,
             bytes: sizes.bytes,
+            value_bytes: sizes.value_bytes,
             bytes_per_key: if sizes.keys == 0 {
                 0.0
             } else {

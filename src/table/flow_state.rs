@@ -56,6 +56,9 @@ pub struct Sizes {
     /// Events held: one per key for SCD Type 1, every kept event for history flows.
     pub events: usize,
     pub bytes: usize,
+    /// Of `bytes`, the encoded values of history events (0 for SCD Type 1,
+    /// which keeps none).
+    pub value_bytes: usize,
 }
 
 impl Plan {
@@ -113,7 +116,7 @@ impl FlowState {
                 .filter_map(|(k, e)| {
                     e.last()
                         .filter(|e| !e.is_delete())
-                        .map(|e| (k, e.seq(), e.fp))
+                        .map(|e| (k, e.seq(), e.fp()))
                 })
                 .collect(),
             FlowState::Keys(index) => index
@@ -163,12 +166,14 @@ impl FlowState {
                 live: index.live(),
                 events: index.len(),
                 bytes: index.heap_bytes(),
+                value_bytes: 0,
             },
             FlowState::History { events, .. } => Sizes {
                 keys: events.len(),
                 live: events.live(),
                 events: events.events(),
                 bytes: events.heap_bytes(),
+                value_bytes: events.value_bytes(),
             },
         }
     }

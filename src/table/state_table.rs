@@ -487,7 +487,7 @@ pub fn history_to_batch<'a>(
     for (key, events) in keys {
         for e in events.iter().filter(|e| e.changed() || !changed_only) {
             let loc = e.loc().map(|l| (hist.files.path(l.file), l.pos));
-            rows.push(key, e.seq(), e.fp, e.deleted_at_ms(), loc);
+            rows.push(key, e.seq(), e.fp(), e.deleted_at_ms(), loc);
             for (j, v) in e.vals().iter().enumerate() {
                 vals[j].push(v);
             }

@@ -428,14 +428,24 @@ async fn main_run(
         bytes as f64 / 1048576.0,
         dir_bytes(warehouse) as f64 / 1048576.0
     );
+    let per_event = |b: usize| b as f64 / s.events.max(1) as f64;
     println!(
-        "state: {} keys ({} live, {} tombstones), {} events held, {:.1} bytes/key, {:.1} bytes/event in memory",
+        "state: {} keys ({} live, {} tombstones), {} events held, {:.1} bytes/key, {:.1} bytes/event in memory{}",
         s.keys,
         s.live,
         s.tombstones,
         s.events,
         s.bytes_per_key,
-        s.bytes as f64 / s.events.max(1) as f64
+        per_event(s.bytes),
+        if s.value_bytes > 0 {
+            format!(
+                " ({:.1} the encoded values, {:.1} beyond them)",
+                per_event(s.value_bytes),
+                per_event(s.bytes - s.value_bytes)
+            )
+        } else {
+            String::new()
+        }
     );
     if let Some(rss) = peak_rss_bytes() {
         println!("peak RSS so far: {:.0} MiB", rss as f64 / 1048576.0);
