@@ -155,8 +155,9 @@ pub struct Vals(Box<[u8]>);
 
 impl Vals {
     pub fn new<'a>(vals: impl Iterator<Item = &'a [u8]> + Clone) -> Vals {
-        let mut out = Vec::with_capacity(vals_len(vals.clone()));
-        push_vals(&mut out, vals);
+        let shape = vals_shape(vals.clone());
+        let mut out = Vec::with_capacity(vals_len(shape));
+        push_vals(&mut out, vals, shape);
         Vals(out.into_boxed_slice())
     }
 
@@ -188,28 +189,32 @@ impl Vals {
     }
 }
 
-/// The layout of `n` values whose first `n - 1` take `inner` bytes:
-/// (header, offset width).
-fn vals_header(n: usize, inner: usize) -> (u64, usize) {
-    let wide = inner > u16::MAX as usize;
-    (((n as u64) << 1) | wide as u64, if wide { 4 } else { 2 })
-}
-
-/// The bytes `push_vals` writes for `vals`.
-fn vals_len<'a>(vals: impl Iterator<Item = &'a [u8]>) -> usize {
+/// How `vals` lay out: (count, bytes of the values, header, offset width).
+fn vals_shape<'a>(vals: impl Iterator<Item = &'a [u8]>) -> (usize, usize, u64, usize) {
     let (n, bytes, last) = vals.fold((0usize, 0usize, 0usize), |(n, b, _), v| {
         (n + 1, b + v.len(), v.len())
     });
-    let (h, w) = vals_header(n, bytes - last);
+    // The last value's end is the end of the bytes: only the others' are kept.
+    let wide = bytes - last > u16::MAX as usize;
+    (
+        n,
+        bytes,
+        ((n as u64) << 1) | wide as u64,
+        if wide { 4 } else { 2 },
+    )
+}
+
+/// The bytes `push_vals` writes for values of that shape.
+fn vals_len((n, bytes, h, w): (usize, usize, u64, usize)) -> usize {
     leb128_len(h) + w * n.saturating_sub(1) + bytes
 }
 
-/// Appends `vals` in `Vals`' layout.
-fn push_vals<'a>(out: &mut Vec<u8>, vals: impl Iterator<Item = &'a [u8]> + Clone) {
-    let (n, bytes, last) = vals.clone().fold((0usize, 0usize, 0usize), |(n, b, _), v| {
-        (n + 1, b + v.len(), v.len())
-    });
-    let (h, w) = vals_header(n, bytes - last);
+/// Appends `vals` (of shape `shape`, `vals_shape`) in `Vals`' layout.
+fn push_vals<'a>(
+    out: &mut Vec<u8>,
+    vals: impl Iterator<Item = &'a [u8]> + Clone,
+    (n, _, h, w): (usize, usize, u64, usize),
+) {
     push_leb128(out, h);
     let mut end = 0usize;
     for v in vals.clone().take(n.saturating_sub(1)) {
@@ -239,6 +244,7 @@ fn push_leb128(out: &mut Vec<u8>, mut v: u64) {
 }
 
 /// (value, bytes read) of the LEB128 at the start of `b`.
+#[inline]
 fn read_leb128(b: &[u8]) -> (u64, usize) {
     if b[0] < 0x80 {
         return (b[0] as u64, 1);
@@ -262,12 +268,11 @@ impl<'a> ValsRef<'a> {
     /// (columns, offset width, header bytes).
     #[inline]
     fn header(&self) -> (usize, usize, usize) {
-        let h = match self.0.first() {
-            None => return (0, 2, 0),
-            Some(&h) if h < 0x80 => (h as u64, 1),
-            Some(_) => read_leb128(self.0),
-        };
-        ((h.0 >> 1) as usize, if h.0 & 1 == 1 { 4 } else { 2 }, h.1)
+        if self.0.is_empty() {
+            return (0, 2, 0);
+        }
+        let (h, at) = read_leb128(self.0);
+        ((h >> 1) as usize, if h & 1 == 1 { 4 } else { 2 }, at)
     }
 
     /// The end of value `i` (of the first `n - 1`) at offset width `w`
@@ -365,8 +370,8 @@ impl Folding {
 /// the state's size: the struct is one pointer and length, and the bytes
 /// hold, in order, the flags (u8), the fingerprint (u64), the location
 /// (file and position, u32 each; zero unless `LOCATED`), the delete time
-/// (i64, only when `DELETED`), the sequence's length (u8, or 255 and a
-/// u32), the row-encoded sequence (`Codec::seqs`), then the encoded value
+/// (i64, only when `DELETED`), the sequence's length (LEB128, one byte
+/// below 128), the row-encoded sequence (`Codec::seqs`), then the encoded value
 /// columns (`Vals`' layout). Integers are little-endian.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
@@ -396,22 +401,18 @@ impl Event {
         loc: Option<Loc>,
     ) -> Event {
         let head = DELETED_AT + if deleted_at_ms.is_some() { 8 } else { 0 };
-        let seq_head = if seq.len() < 255 { 1 } else { 5 };
-        let mut data = Vec::with_capacity(head + seq_head + seq.len() + vals_len(vals.clone()));
+        let shape = vals_shape(vals.clone());
+        let seq_head = leb128_len(seq.len() as u64);
+        let mut data = Vec::with_capacity(head + seq_head + seq.len() + vals_len(shape));
         data.push(if deleted_at_ms.is_some() { DELETED } else { 0 });
         data.extend_from_slice(&fp.to_le_bytes());
         data.extend_from_slice(&[0; 8]);
         if let Some(t) = deleted_at_ms {
             data.extend_from_slice(&t.to_le_bytes());
         }
-        if seq.len() < 255 {
-            data.push(seq.len() as u8);
-        } else {
-            data.push(255);
-            data.extend_from_slice(&(seq.len() as u32).to_le_bytes());
-        }
+        push_leb128(&mut data, seq.len() as u64);
         data.extend_from_slice(seq);
-        push_vals(&mut data, vals);
+        push_vals(&mut data, vals, shape);
         let mut e = Event {
             data: data.into_boxed_slice(),
         };
@@ -432,14 +433,8 @@ impl Event {
     #[inline]
     fn seq_span(&self) -> (usize, usize) {
         let at = DELETED_AT + 8 * (self.flags() & DELETED != 0) as usize;
-        match self.data[at] {
-            255 => {
-                let len =
-                    u32::from_le_bytes(self.data[at + 1..at + 5].try_into().expect("4 bytes"));
-                (at + 5, len as usize)
-            }
-            len => (at + 1, len as usize),
-        }
+        let (len, head) = read_leb128(&self.data[at..]);
+        (at + head, len as usize)
     }
 
     /// Fingerprint of the whole change: decides ties, spots duplicates.
@@ -1578,10 +1573,10 @@ mod tests {
 
     #[test]
     fn events_and_values_of_any_size_round_trip() {
-        // Sequences around the one-byte length, values around the 2-byte
+        // Sequences around the one-byte length (127, 128), values around the 2-byte
         // offsets, counts around the one-byte header, negative times.
         let long = vec![7u8; 70_000];
-        for seq_len in [0usize, 1, 254, 255, 256, 300] {
+        for seq_len in [0usize, 1, 127, 128, 255, 256, 300] {
             for (ncols, big) in [
                 (0usize, false),
                 (1, false),

@@ -56,9 +56,6 @@ pub struct Sizes {
     /// Events held: one per key for SCD Type 1, every kept event for history flows.
     pub events: usize,
     pub bytes: usize,
-    /// Of `bytes`, the encoded values of history events (0 for SCD Type 1,
-    /// which keeps none).
-    pub value_bytes: usize,
 }
 
 impl Plan {
@@ -166,15 +163,23 @@ impl FlowState {
                 live: index.live(),
                 events: index.len(),
                 bytes: index.heap_bytes(),
-                value_bytes: 0,
             },
             FlowState::History { events, .. } => Sizes {
                 keys: events.len(),
                 live: events.live(),
                 events: events.events(),
                 bytes: events.heap_bytes(),
-                value_bytes: events.value_bytes(),
             },
+        }
+    }
+
+    /// Of `sizes().bytes`, the encoded values history events keep (0 for
+    /// SCD Type 1, which keeps none). A walk over every event: for reports,
+    /// not for every commit.
+    pub fn value_bytes(&self) -> usize {
+        match self {
+            FlowState::Keys(_) => 0,
+            FlowState::History { events, .. } => events.value_bytes(),
         }
     }
 

@@ -428,6 +428,7 @@ async fn main_run(
         bytes as f64 / 1048576.0,
         dir_bytes(warehouse) as f64 / 1048576.0
     );
+    let value_bytes = engine.state_value_bytes();
     let per_event = |b: usize| b as f64 / s.events.max(1) as f64;
     println!(
         "state: {} keys ({} live, {} tombstones), {} events held, {:.1} bytes/key, {:.1} bytes/event in memory{}",
@@ -437,11 +438,11 @@ async fn main_run(
         s.events,
         s.bytes_per_key,
         per_event(s.bytes),
-        if s.value_bytes > 0 {
+        if value_bytes > 0 {
             format!(
                 " ({:.1} the encoded values, {:.1} beyond them)",
-                per_event(s.value_bytes),
-                per_event(s.bytes - s.value_bytes)
+                per_event(value_bytes),
+                per_event(s.bytes - value_bytes)
             )
         } else {
             String::new()
