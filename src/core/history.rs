@@ -544,6 +544,12 @@ pub struct History {
     /// a history holds a slot per key).
     listed: Vec<u64>,
     events: usize,
+    /// Keys whose latest event is an upsert (`live`), and the bytes of the
+    /// keys and events held (`heap_bytes`): kept as they change, because
+    /// the service reads both after every commit and a count would visit
+    /// every event of the state.
+    live: usize,
+    held: usize,
     /// The state log only appends: each commit writes the events that
     /// changed, and a key's events are the latest row of each sequence.
     /// SCD Type 2 appends (it never forgets an event); SCD Type 1 with
@@ -611,10 +617,7 @@ impl History {
 
     /// Keys whose latest event is an upsert.
     pub fn live(&self) -> usize {
-        self.slots
-            .iter()
-            .filter(|s| s.events.last().is_some_and(|e| !e.is_delete()))
-            .count()
+        self.live
     }
 
     /// Replaces the events of `key` from index `from` on with `events`
@@ -630,11 +633,14 @@ impl History {
             .filter(|&i| self.slots.get(i as usize).is_some_and(|s| s.key == key))
             .or_else(|| self.slot(&key));
         self.events += events.len();
+        self.held += events.iter().map(Event::bytes).sum::<usize>();
         let (i, changed) = match slot {
             Some(i) => {
                 let s = &mut self.slots[i as usize];
                 debug_assert!(from <= s.events.len(), "a plan applies to its history");
                 let from = from.min(s.events.len());
+                self.live -= is_live(&s.events) as usize;
+                self.held -= s.events[from..].iter().map(Event::bytes).sum::<usize>();
                 mark_changed(&s.events[from..], &mut events);
                 // The events before `from` are as they were: one of them
                 // changed only in a slot already dirty.
@@ -653,6 +659,7 @@ impl History {
                 events.iter_mut().for_each(|e| e.set_changed(true));
                 let changed = !events.is_empty();
                 let i = u32::try_from(self.slots.len()).expect("fewer than 2^32 keys");
+                self.held += key.len();
                 self.slots.push(Slot {
                     key,
                     events: events.into_boxed_slice(),
@@ -661,6 +668,7 @@ impl History {
                 (i, changed)
             }
         };
+        self.live += is_live(&self.slots[i as usize].events) as usize;
         if let Some(t) = self.slots[i as usize]
             .events
             .last()
@@ -788,15 +796,18 @@ impl History {
             return 0;
         }
         let before = self.slots.len();
-        let mut dropped = 0;
+        let (mut dropped, mut bytes) = (0, 0);
         self.slots.retain(|s| {
             let g = gone(s);
             if g {
                 dropped += s.events.len();
+                bytes += s.key.len() + s.events.iter().map(Event::bytes).sum::<usize>();
             }
             !g
         });
+        // A dropped key's latest event is a delete: it was not live.
         self.events -= dropped;
+        self.held -= bytes;
         // Slots moved: number them again (a key put again before the next
         // commit is listed anew).
         self.table.clear();
@@ -820,11 +831,19 @@ impl History {
             + self.slots.capacity() * std::mem::size_of::<Slot>()
             + self.dirty.capacity() * std::mem::size_of::<u32>()
             + self.listed.capacity() * std::mem::size_of::<u64>()
-            + self
-                .slots
-                .iter()
-                .map(|s| s.key.len() + s.events.iter().map(Event::bytes).sum::<usize>())
-                .sum::<usize>()
+            + self.held
+    }
+
+    /// Checks the kept counts against a count over every slot (tests).
+    pub fn check_counts(&self) {
+        let slots = &self.slots;
+        assert_eq!(self.events, slots.iter().map(|s| s.events.len()).sum::<usize>());
+        assert_eq!(self.live, slots.iter().filter(|s| is_live(&s.events)).count());
+        let held: usize = slots
+            .iter()
+            .map(|s| s.key.len() + s.events.iter().map(Event::bytes).sum::<usize>())
+            .sum();
+        assert_eq!(self.held, held);
     }
 
     /// The bytes of the encoded values among `heap_bytes` (what remains is
@@ -837,6 +856,11 @@ impl History {
             .map(|e| e.vals().value_bytes())
             .sum()
     }
+}
+
+/// Whether a key with these events has a row: its latest event is an upsert.
+fn is_live(events: &[Event]) -> bool {
+    events.last().is_some_and(|e| !e.is_delete())
 }
 
 /// Lists slot `i` in `table` under its key's hash.
@@ -1515,8 +1539,11 @@ mod tests {
             vec![ev(1, b"a", None, None), del(2, 100)],
         );
         h.put(None, vec![2].into(), 0, vec![del(1, 200)]);
+        assert_eq!(h.live(), 0, "both keys end in a delete");
+        h.check_counts();
         assert_eq!(h.gc_tombstones(100), 0, "none older than the cutoff");
         assert_eq!(h.gc_tombstones(150), 1);
+        h.check_counts();
         assert!(h.get(&[1]).is_none() && h.get(&[2]).is_some());
         assert_eq!(h.gc_tombstones(150), 0);
         // Key 2 is upserted after its delete: no longer a tombstone.
@@ -1527,7 +1554,8 @@ mod tests {
             vec![ev(3, b"b", None, None)],
         );
         assert_eq!(h.gc_tombstones(300), 0);
-        assert_eq!(h.len(), 1);
+        assert_eq!((h.len(), h.live()), (1, 1));
+        h.check_counts();
         // Deleted again, at a time before the bound the last scan left, and
         // a new key deleted: both expire.
         h.put(None, vec![3].into(), 0, vec![del(1, 250)]);
@@ -1535,7 +1563,8 @@ mod tests {
         assert_eq!(h.gc_tombstones(240), 1);
         assert_eq!(h.gc_tombstones(260), 1);
         assert!(h.is_empty());
-        assert_eq!(h.events(), 0);
+        assert_eq!((h.events(), h.live()), (0, 0));
+        h.check_counts();
     }
 
     #[test]
@@ -1685,8 +1714,10 @@ mod tests {
         assert_eq!(h.get(&[0]).unwrap().len(), 2);
         // Keys 0, 2, 4 end in deletes at 10: collected; the others keep
         // their events, slots and dirt.
+        h.check_counts();
         assert_eq!(h.gc_tombstones(11), 3);
         assert_eq!((h.len(), h.events()), (3, 6));
+        h.check_counts();
         for k in [0u8, 2, 4] {
             assert!(h.get(&[k]).is_none() && h.slot(&[k]).is_none());
         }

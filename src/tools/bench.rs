@@ -345,9 +345,17 @@ async fn small_batch_run(
     let t = Instant::now();
     let r = engine.apply(&small, now_ms()).await?;
     let apply_ms = t.elapsed().as_secs_f64() * 1e3;
+    // The service reads the summary after every commit (metrics, /readyz).
+    let t = Instant::now();
+    let summary = engine.summary();
+    let summary_ms = t.elapsed().as_secs_f64() * 1e3;
     println!(
         "{kind}: one {}-event batch into a table of {} rows: {:.0} ms (upserts {}, deletes {}; loading the table took {:.1} s)",
         args.small_batch, size, apply_ms, r.stats.upserts, r.stats.deletes, load_secs
+    );
+    println!(
+        "  the state summary the service reads after each commit: {summary_ms:.2} ms ({} keys, {} events)",
+        summary.keys, summary.events
     );
     let p = &r.timings;
     println!(

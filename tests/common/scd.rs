@@ -286,6 +286,7 @@ impl HistSim {
             .unwrap(),
         );
         self.hist.clear_dirty();
+        self.hist.check_counts();
         self.stats.add(&stats);
         self.now_ms += 1;
         Ok(stats)
@@ -311,6 +312,8 @@ impl HistSim {
             .unwrap();
         assert_eq!(fresh.len(), self.hist.len());
         assert_eq!(fresh.events(), self.hist.events());
+        fresh.check_counts();
+        assert_eq!(fresh.live(), self.hist.live());
         for (key, events) in self.hist.iter() {
             assert_eq!(
                 fresh.get(key),
