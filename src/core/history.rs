@@ -837,8 +837,14 @@ impl History {
     /// Checks the kept counts against a count over every slot (tests).
     pub fn check_counts(&self) {
         let slots = &self.slots;
-        assert_eq!(self.events, slots.iter().map(|s| s.events.len()).sum::<usize>());
-        assert_eq!(self.live, slots.iter().filter(|s| is_live(&s.events)).count());
+        assert_eq!(
+            self.events,
+            slots.iter().map(|s| s.events.len()).sum::<usize>()
+        );
+        assert_eq!(
+            self.live,
+            slots.iter().filter(|s| is_live(&s.events)).count()
+        );
         let held: usize = slots
             .iter()
             .map(|s| s.key.len() + s.events.iter().map(Event::bytes).sum::<usize>())
@@ -1128,50 +1134,18 @@ pub fn resolve(
             .unwrap_or(0);
         let from = refold_from(hc, whole, first);
         let old = &whole[from..];
-        let mut events = old.to_vec();
-        for &i in &rows {
-            let seq: &[u8] = seqs.row(i).data();
-            let fp = fps[i];
-            let at = events.partition_point(|e| e.seq() < seq);
-            let event = Event::new(
-                seq,
-                vals.iter().map(|r| r.row(i).data()),
-                fp,
-                deleted(i).then_some(now_ms),
-                None,
-            );
-            if let Some(e) = events.get(at).filter(|e| e.seq() == seq) {
-                match same_sequence(flow, i, fp, e.fp(), e.is_delete())? {
-                    SameSequence::ReplacesSentinel => {}
-                    SameSequence::Duplicate => {
-                        plan.stats.duplicates += 1;
-                        continue;
-                    }
-                    SameSequence::Tie { wins } => {
-                        plan.stats.ties += 1;
-                        if !wins {
-                            plan.stats.tie_losers += 1;
-                            continue;
-                        }
-                    }
-                }
-                events[at] = event;
-            } else {
-                let behind_delete = !hc.scd2 && events[at..].iter().any(Event::is_delete);
-                events.insert(at, event);
-                if behind_delete {
-                    // SCD Type 1: older than a delete, it changes nothing now
-                    // (it is kept in case a tie displaces that delete).
-                    plan.stats.stale += 1;
-                    continue;
-                }
-            }
-            if deleted(i) {
-                plan.stats.deletes += 1;
-            } else {
-                plan.stats.upserts += 1;
-            }
-        }
+        let mut events = place_rows(
+            flow,
+            hc,
+            old,
+            &rows,
+            &seqs,
+            &vals,
+            &fps,
+            &deleted,
+            now_ms,
+            &mut plan.stats,
+        )?;
         prune(hc, &mut events);
         if events == old {
             continue;
@@ -1199,6 +1173,128 @@ pub fn resolve(
     check_required(flow, hc, &keys, &plan.inserts)?;
     plan.remove_positions.sort_unstable();
     Ok(plan)
+}
+
+/// A key's batch `rows` placed among its events `old` (those from the
+/// refold point on): the events after, in sequence order. Rows are taken
+/// in batch order; a row meeting an event at its sequence (old, or an
+/// earlier row's) is a duplicate, a tie or replaces a sentinel
+/// (`same_sequence`). SCD Type 1: a row older than a delete changes
+/// nothing now and counts stale (it is kept in case a tie displaces that
+/// delete). Counts into `stats`.
+///
+/// The rows go into a map by sequence and are merged with `old` in one
+/// pass, so a long history (a hot key's, rows arriving out of order)
+/// costs O(events + rows log rows), where inserting each row into the
+/// events cost O(events) per row.
+#[allow(clippy::too_many_arguments)] // one key's rows, each input used once
+fn place_rows<'a>(
+    flow: &Flow,
+    hc: &HistCodec,
+    old: &'a [Event],
+    rows: &[usize],
+    seqs: &'a Rows,
+    vals: &[Rows],
+    fps: &[u64],
+    deleted: &impl Fn(usize) -> bool,
+    now_ms: i64,
+    stats: &mut BatchStats,
+) -> Result<Vec<Event>> {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::ops::Bound::{Excluded, Unbounded};
+    let mut new: BTreeMap<&[u8], Event> = BTreeMap::new();
+    // SCD Type 1: the sequences of the batch's deletes placed so far, and
+    // (made when first needed) the first delete of `old[j..]` per `j`.
+    let mut new_deletes: BTreeSet<&[u8]> = BTreeSet::new();
+    let mut next_delete: Option<Vec<usize>> = None;
+    for &i in rows {
+        let seq: &[u8] = seqs.row(i).data();
+        let fp = fps[i];
+        let at = old.partition_point(|e| e.seq() < seq);
+        let here = match new.get(seq) {
+            Some(e) => Some((e.fp(), e.is_delete())),
+            None => old
+                .get(at)
+                .filter(|e| e.seq() == seq)
+                .map(|e| (e.fp(), e.is_delete())),
+        };
+        let delete = deleted(i);
+        let event = Event::new(
+            seq,
+            vals.iter().map(|r| r.row(i).data()),
+            fp,
+            delete.then_some(now_ms),
+            None,
+        );
+        if let Some((other_fp, other_is_delete)) = here {
+            match same_sequence(flow, i, fp, other_fp, other_is_delete)? {
+                SameSequence::ReplacesSentinel => {}
+                SameSequence::Duplicate => {
+                    stats.duplicates += 1;
+                    continue;
+                }
+                SameSequence::Tie { wins } => {
+                    stats.ties += 1;
+                    if !wins {
+                        stats.tie_losers += 1;
+                        continue;
+                    }
+                }
+            }
+        } else if !hc.scd2 {
+            let next = next_delete.get_or_insert_with(|| {
+                let mut next = vec![old.len(); old.len() + 1];
+                for j in (0..old.len()).rev() {
+                    next[j] = if old[j].is_delete() { j } else { next[j + 1] };
+                }
+                next
+            });
+            // A delete after `seq`: the batch's, or an old one no row replaced.
+            let mut j = at;
+            let old_delete = loop {
+                let d = next[j];
+                match old.get(d).map(|e| new.get(e.seq())) {
+                    None => break false,
+                    Some(None) => break true,
+                    Some(Some(e)) if e.is_delete() => break true,
+                    Some(Some(_)) => j = d + 1,
+                }
+            };
+            let behind_delete = old_delete
+                || new_deletes
+                    .range::<[u8], _>((Excluded(seq), Unbounded))
+                    .next()
+                    .is_some();
+            if behind_delete {
+                if delete {
+                    new_deletes.insert(seq);
+                }
+                new.insert(seq, event);
+                stats.stale += 1;
+                continue;
+            }
+        }
+        if delete {
+            new_deletes.insert(seq);
+            stats.deletes += 1;
+        } else {
+            new_deletes.remove(seq);
+            stats.upserts += 1;
+        }
+        new.insert(seq, event);
+    }
+    // One pass: the old events between the rows, a row in place of the
+    // old event at its sequence.
+    let mut events = Vec::with_capacity(old.len() + new.len());
+    let mut j = 0;
+    for (seq, e) in new {
+        let k = j + old[j..].partition_point(|o| o.seq() < seq);
+        events.extend_from_slice(&old[j..k]);
+        j = k + old.get(k).is_some_and(|o| o.seq() == seq) as usize;
+        events.push(e);
+    }
+    events.extend_from_slice(&old[j..]);
+    Ok(events)
 }
 
 /// Where a key's fold may change when its first changed event is at
@@ -1755,5 +1851,176 @@ mod tests {
         let none = Vals::new(std::iter::empty());
         assert_eq!((none.len(), none.iter().count()), (0, 0));
         assert!(Vals::default().is_empty());
+    }
+
+    /// `place_rows` against the placement it replaced: each row inserted
+    /// into a copy of the events, one by one.
+    mod placing {
+        use std::sync::Arc;
+
+        use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+        use proptest::prelude::*;
+
+        use super::super::{Event, HistCodec, place_rows};
+        use crate::core::flow::Flow;
+        use crate::core::resolve::{BatchStats, Codec, SameSequence, same_sequence};
+        use crate::error::Result;
+
+        fn flow(scd2: bool, ties_error: bool) -> Flow {
+            let toml = format!(
+                r#"
+name = "p"
+target = "db.p"
+keys = ["id"]
+sequence_by = "seq"
+apply_as_deletes = "op = 'DELETE'"
+except_column_list = ["op"]
+stored_as_scd_type = {}
+ignore_null_updates = {}
+on_sequence_tie = "{}"
+columns = [
+  {{ name = "id", type = "long", required = true }},
+  {{ name = "city", type = "string" }},
+  {{ name = "op", type = "string", required = true }},
+  {{ name = "seq", type = "long", required = true }},
+]
+"#,
+                if scd2 { 2 } else { 1 },
+                !scd2,
+                if ties_error { "error" } else { "deterministic" },
+            );
+            Flow::new(toml::from_str(&toml).unwrap()).unwrap()
+        }
+
+        /// (sequence, delete, city) changes of one key.
+        type Change = (i64, bool, u8);
+
+        fn batch(flow: &Flow, changes: &[Change]) -> RecordBatch {
+            const CITIES: [Option<&str>; 3] = [Some("a"), Some("b"), None];
+            let cols: Vec<ArrayRef> = vec![
+                Arc::new(Int64Array::from_iter_values(changes.iter().map(|_| 1))),
+                Arc::new(StringArray::from_iter(
+                    changes.iter().map(|c| CITIES[c.2 as usize]),
+                )),
+                Arc::new(StringArray::from_iter_values(
+                    changes
+                        .iter()
+                        .map(|c| if c.1 { "DELETE" } else { "UPSERT" }),
+                )),
+                Arc::new(Int64Array::from_iter_values(changes.iter().map(|c| c.0))),
+            ];
+            RecordBatch::try_new(flow.source_arrow.clone(), cols).unwrap()
+        }
+
+        /// The placement before `place_rows`.
+        #[allow(clippy::too_many_arguments)]
+        fn by_insertion(
+            flow: &Flow,
+            hc: &HistCodec,
+            old: &[Event],
+            rows: &[usize],
+            seqs: &arrow_row::Rows,
+            vals: &[arrow_row::Rows],
+            fps: &[u64],
+            deleted: &impl Fn(usize) -> bool,
+            now_ms: i64,
+            stats: &mut BatchStats,
+        ) -> Result<Vec<Event>> {
+            let mut events = old.to_vec();
+            for &i in rows {
+                let seq: &[u8] = seqs.row(i).data();
+                let fp = fps[i];
+                let at = events.partition_point(|e| e.seq() < seq);
+                let event = Event::new(
+                    seq,
+                    vals.iter().map(|r| r.row(i).data()),
+                    fp,
+                    deleted(i).then_some(now_ms),
+                    None,
+                );
+                if let Some(e) = events.get(at).filter(|e| e.seq() == seq) {
+                    match same_sequence(flow, i, fp, e.fp(), e.is_delete())? {
+                        SameSequence::ReplacesSentinel => {}
+                        SameSequence::Duplicate => {
+                            stats.duplicates += 1;
+                            continue;
+                        }
+                        SameSequence::Tie { wins } => {
+                            stats.ties += 1;
+                            if !wins {
+                                stats.tie_losers += 1;
+                                continue;
+                            }
+                        }
+                    }
+                    events[at] = event;
+                } else {
+                    let behind_delete = !hc.scd2 && events[at..].iter().any(Event::is_delete);
+                    events.insert(at, event);
+                    if behind_delete {
+                        stats.stale += 1;
+                        continue;
+                    }
+                }
+                if deleted(i) {
+                    stats.deletes += 1;
+                } else {
+                    stats.upserts += 1;
+                }
+            }
+            Ok(events)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(1024))]
+            #[test]
+            fn placing_rows_by_merge_is_inserting_them_one_by_one(
+                scd2: bool,
+                ties_error: bool,
+                old in proptest::collection::vec((0i64..16, any::<bool>(), 0u8..3), 0..12),
+                new in proptest::collection::vec((0i64..16, any::<bool>(), 0u8..3), 1..32),
+            ) {
+                let flow = flow(scd2, ties_error);
+                let codec = Codec::new(&flow).unwrap();
+                let hc = HistCodec::new(&flow).unwrap();
+                // The old events: one per sequence, in order.
+                let mut olds: Vec<Change> = old;
+                olds.sort_by_key(|c| c.0);
+                olds.dedup_by_key(|c| c.0);
+                let ob = batch(&flow, &olds);
+                let oseqs = codec.seqs.convert_columns(&[ob.column(3).clone()]).unwrap();
+                let ovals = hc.encode(&ob).unwrap();
+                let ofps = codec.fingerprints(&ob).unwrap();
+                let old: Vec<Event> = (0..olds.len())
+                    .map(|i| {
+                        Event::new(
+                            oseqs.row(i).data(),
+                            ovals.iter().map(|r| r.row(i).data()),
+                            ofps[i],
+                            olds[i].1.then_some(5),
+                            None,
+                        )
+                    })
+                    .collect();
+                let nb = batch(&flow, &new);
+                let seqs = codec.seqs.convert_columns(&[nb.column(3).clone()]).unwrap();
+                let vals = hc.encode(&nb).unwrap();
+                let fps = codec.fingerprints(&nb).unwrap();
+                let deleted = |i: usize| new[i].1;
+                let rows: Vec<usize> = (0..new.len()).collect();
+                let (mut a, mut b) = (BatchStats::default(), BatchStats::default());
+                let merged =
+                    place_rows(&flow, &hc, &old, &rows, &seqs, &vals, &fps, &deleted, 9, &mut a);
+                let inserted =
+                    by_insertion(&flow, &hc, &old, &rows, &seqs, &vals, &fps, &deleted, 9, &mut b);
+                match (merged, inserted) {
+                    (Ok(m), Ok(i)) => {
+                        prop_assert_eq!(m, i);
+                        prop_assert_eq!(a, b);
+                    }
+                    (m, i) => prop_assert_eq!(m.is_err(), i.is_err()),
+                }
+            }
+        }
     }
 }
