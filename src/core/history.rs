@@ -1122,23 +1122,30 @@ pub fn resolve(
     for (key, rows) in rows_by_key(&keys) {
         let slot = hist.slot(key);
         let whole: &[Event] = slot.map_or(&[], |i| hist.at(i));
+        // Where each row goes among the key's events: found in sequence
+        // order, each search starting where the last ended.
+        let mut by_seq: Vec<usize> = (0..rows.len()).collect();
+        if rows.len() > 1 {
+            by_seq.sort_by(|&a, &b| seqs.row(rows[a]).cmp(&seqs.row(rows[b])));
+        }
+        let mut ats = vec![0; rows.len()];
+        let mut lo = 0;
+        for &r in &by_seq {
+            lo = seek(whole, lo, seqs.row(rows[r]).data());
+            ats[r] = lo;
+        }
         // Only the events from where the fold may change are copied,
         // changed and folded again (`refold_from`).
-        let first = rows
-            .iter()
-            .map(|&i| {
-                let seq: &[u8] = seqs.row(i).data();
-                whole.partition_point(|e| e.seq() < seq)
-            })
-            .min()
-            .unwrap_or(0);
+        let first = by_seq.first().map_or(0, |&r| ats[r]);
         let from = refold_from(hc, whole, first);
         let old = &whole[from..];
+        ats.iter_mut().for_each(|at| *at -= from);
         let mut events = place_rows(
             flow,
             hc,
             old,
             &rows,
+            &ats,
             &seqs,
             &vals,
             &fps,
@@ -1175,8 +1182,26 @@ pub fn resolve(
     Ok(plan)
 }
 
+/// The first of `events[lo..]` whose sequence is not below `seq`, every
+/// event before `lo` being below it: a gallop from `lo`, so a run of
+/// ascending searches over a long history (a hot key's) costs the log of
+/// each distance, not of the whole.
+fn seek(events: &[Event], mut lo: usize, seq: &[u8]) -> usize {
+    let mut step = 1;
+    loop {
+        let probe = lo + step - 1;
+        if probe >= events.len() || events[probe].seq() >= seq {
+            let hi = probe.min(events.len());
+            return lo + events[lo..hi].partition_point(|e| e.seq() < seq);
+        }
+        lo = probe + 1;
+        step *= 2;
+    }
+}
+
 /// A key's batch `rows` placed among its events `old` (those from the
-/// refold point on): the events after, in sequence order. Rows are taken
+/// refold point on; `ats[r]`: where `rows[r]`'s sequence falls among them):
+/// the events after, in sequence order. Rows are taken
 /// in batch order; a row meeting an event at its sequence (old, or an
 /// earlier row's) is a duplicate, a tie or replaces a sentinel
 /// (`same_sequence`). SCD Type 1: a row older than a delete changes
@@ -1193,6 +1218,7 @@ fn place_rows<'a>(
     hc: &HistCodec,
     old: &'a [Event],
     rows: &[usize],
+    ats: &[usize],
     seqs: &'a Rows,
     vals: &[Rows],
     fps: &[u64],
@@ -1207,10 +1233,10 @@ fn place_rows<'a>(
     // (made when first needed) the first delete of `old[j..]` per `j`.
     let mut new_deletes: BTreeSet<&[u8]> = BTreeSet::new();
     let mut next_delete: Option<Vec<usize>> = None;
-    for &i in rows {
+    for (&i, &at) in rows.iter().zip(ats) {
         let seq: &[u8] = seqs.row(i).data();
         let fp = fps[i];
-        let at = old.partition_point(|e| e.seq() < seq);
+        debug_assert_eq!(at, old.partition_point(|e| e.seq() < seq));
         let here = match new.get(seq) {
             Some(e) => Some((e.fp(), e.is_delete())),
             None => old
@@ -1288,7 +1314,7 @@ fn place_rows<'a>(
     let mut events = Vec::with_capacity(old.len() + new.len());
     let mut j = 0;
     for (seq, e) in new {
-        let k = j + old[j..].partition_point(|o| o.seq() < seq);
+        let k = seek(old, j, seq);
         events.extend_from_slice(&old[j..k]);
         j = k + old.get(k).is_some_and(|o| o.seq() == seq) as usize;
         events.push(e);
@@ -1972,6 +1998,23 @@ columns = [
         }
 
         proptest! {
+            #[test]
+            fn seeking_from_any_point_below_is_the_partition_point(
+                seqs in proptest::collection::btree_set(any::<u8>(), 0..80),
+                seq: u8,
+                back: usize,
+            ) {
+                let events: Vec<Event> = seqs
+                    .iter()
+                    .map(|&s| Event::new(&[s], std::iter::empty(), 0, None, None))
+                    .collect();
+                let want = events.partition_point(|e| e.seq() < [seq].as_slice());
+                let lo = want.saturating_sub(back % (want + 1));
+                prop_assert_eq!(super::super::seek(&events, lo, &[seq]), want);
+            }
+        }
+
+        proptest! {
             #![proptest_config(ProptestConfig::with_cases(1024))]
             #[test]
             fn placing_rows_by_merge_is_inserting_them_one_by_one(
@@ -2008,9 +2051,14 @@ columns = [
                 let fps = codec.fingerprints(&nb).unwrap();
                 let deleted = |i: usize| new[i].1;
                 let rows: Vec<usize> = (0..new.len()).collect();
+                let ats: Vec<usize> = rows
+                    .iter()
+                    .map(|&i| old.partition_point(|e| e.seq() < seqs.row(i).data()))
+                    .collect();
                 let (mut a, mut b) = (BatchStats::default(), BatchStats::default());
-                let merged =
-                    place_rows(&flow, &hc, &old, &rows, &seqs, &vals, &fps, &deleted, 9, &mut a);
+                let merged = place_rows(
+                    &flow, &hc, &old, &rows, &ats, &seqs, &vals, &fps, &deleted, 9, &mut a,
+                );
                 let inserted =
                     by_insertion(&flow, &hc, &old, &rows, &seqs, &vals, &fps, &deleted, 9, &mut b);
                 match (merged, inserted) {
