@@ -1186,6 +1186,33 @@ pub fn resolve(
     Ok(plan)
 }
 
+/// Whether row `i` (fingerprint `fp`) takes the place of `other`, the
+/// event at its sequence (`same_sequence`); counts duplicates and ties.
+fn takes_place(
+    flow: &Flow,
+    i: usize,
+    fp: u64,
+    other: &Event,
+    stats: &mut BatchStats,
+) -> Result<bool> {
+    Ok(
+        match same_sequence(flow, i, fp, other.fp(), other.is_delete())? {
+            SameSequence::ReplacesSentinel => true,
+            SameSequence::Duplicate => {
+                stats.duplicates += 1;
+                false
+            }
+            SameSequence::Tie { wins } => {
+                stats.ties += 1;
+                if !wins {
+                    stats.tie_losers += 1;
+                }
+                wins
+            }
+        },
+    )
+}
+
 /// `place_rows` for a key's only row in the batch (most keys' case), with
 /// no map.
 #[allow(clippy::too_many_arguments)] // one key's row, each input used once
@@ -1208,19 +1235,8 @@ fn place_one(
     let delete = deleted(i);
     let mut stale = false;
     if let Some(e) = here {
-        match same_sequence(flow, i, fp, e.fp(), e.is_delete())? {
-            SameSequence::ReplacesSentinel => {}
-            SameSequence::Duplicate => {
-                stats.duplicates += 1;
-                return Ok(old.to_vec());
-            }
-            SameSequence::Tie { wins } => {
-                stats.ties += 1;
-                if !wins {
-                    stats.tie_losers += 1;
-                    return Ok(old.to_vec());
-                }
-            }
+        if !takes_place(flow, i, fp, e, stats)? {
+            return Ok(old.to_vec());
         }
     } else {
         stale = !hc.scd2 && old[at..].iter().any(Event::is_delete);
@@ -1305,35 +1321,14 @@ fn place_rows<'a>(
         let seq: &[u8] = seqs.row(i).data();
         let fp = fps[i];
         debug_assert_eq!(at, old.partition_point(|e| e.seq() < seq));
-        let here = match new.get(seq) {
-            Some(e) => Some((e.fp(), e.is_delete())),
-            None => old
-                .get(at)
-                .filter(|e| e.seq() == seq)
-                .map(|e| (e.fp(), e.is_delete())),
-        };
+        let here = new
+            .get(seq)
+            .or_else(|| old.get(at).filter(|e| e.seq() == seq));
         let delete = deleted(i);
-        let event = Event::new(
-            seq,
-            vals.iter().map(|r| r.row(i).data()),
-            fp,
-            delete.then_some(now_ms),
-            None,
-        );
-        if let Some((other_fp, other_is_delete)) = here {
-            match same_sequence(flow, i, fp, other_fp, other_is_delete)? {
-                SameSequence::ReplacesSentinel => {}
-                SameSequence::Duplicate => {
-                    stats.duplicates += 1;
-                    continue;
-                }
-                SameSequence::Tie { wins } => {
-                    stats.ties += 1;
-                    if !wins {
-                        stats.tie_losers += 1;
-                        continue;
-                    }
-                }
+        let mut stale = false;
+        if let Some(e) = here {
+            if !takes_place(flow, i, fp, e, stats)? {
+                continue;
             }
         } else if !hc.scd2 {
             let next = next_delete.get_or_insert_with(|| {
@@ -1354,27 +1349,31 @@ fn place_rows<'a>(
                     Some(Some(_)) => j = d + 1,
                 }
             };
-            let behind_delete = old_delete
+            stale = old_delete
                 || new_deletes
                     .range::<[u8], _>((Excluded(seq), Unbounded))
                     .next()
                     .is_some();
-            if behind_delete {
-                if delete {
-                    new_deletes.insert(seq);
-                }
-                new.insert(seq, event);
-                stats.stale += 1;
-                continue;
-            }
         }
         if delete {
             new_deletes.insert(seq);
-            stats.deletes += 1;
         } else {
             new_deletes.remove(seq);
+        }
+        if stale {
+            stats.stale += 1;
+        } else if delete {
+            stats.deletes += 1;
+        } else {
             stats.upserts += 1;
         }
+        let event = Event::new(
+            seq,
+            vals.iter().map(|r| r.row(i).data()),
+            fp,
+            delete.then_some(now_ms),
+            None,
+        );
         new.insert(seq, event);
     }
     // One pass: the old events between the rows, a row in place of the
