@@ -1108,8 +1108,17 @@ pub fn resolve(
     crate::core::resolve::sentinel_fingerprints(&mut fps, forced_deletes);
     let vals = hc.encode(batch)?;
     let is_delete = mask(flow, flow.deletes.as_ref(), batch)?;
-    let deleted = |i: usize| {
-        is_delete.as_ref().is_some_and(|d| d.value(i)) || forced_deletes.is_some_and(|d| d.value(i))
+    let changes = Changes {
+        flow,
+        hc,
+        seqs: &seqs,
+        vals: &vals,
+        fps: &fps,
+        deleted: |i: usize| {
+            is_delete.as_ref().is_some_and(|d| d.value(i))
+                || forced_deletes.is_some_and(|d| d.value(i))
+        },
+        now_ms,
     };
 
     let mut plan = Plan {
@@ -1144,19 +1153,7 @@ pub fn resolve(
         let from = refold_from(hc, whole, first);
         let old = &whole[from..];
         ats.iter_mut().for_each(|at| *at -= from);
-        let mut events = place_rows(
-            flow,
-            hc,
-            old,
-            &rows,
-            &ats,
-            &seqs,
-            &vals,
-            &fps,
-            &deleted,
-            now_ms,
-            &mut plan.stats,
-        )?;
+        let mut events = place_rows(&changes, old, &rows, &ats, &mut plan.stats)?;
         prune(hc, &mut events);
         if events == old {
             continue;
@@ -1186,77 +1183,92 @@ pub fn resolve(
     Ok(plan)
 }
 
-/// Whether row `i` (fingerprint `fp`) takes the place of `other`, the
-/// event at its sequence (`same_sequence`); counts duplicates and ties.
-fn takes_place(
-    flow: &Flow,
-    i: usize,
-    fp: u64,
-    other: &Event,
-    stats: &mut BatchStats,
-) -> Result<bool> {
-    Ok(
-        match same_sequence(flow, i, fp, other.fp(), other.is_delete())? {
-            SameSequence::ReplacesSentinel => true,
-            SameSequence::Duplicate => {
-                stats.duplicates += 1;
-                false
-            }
-            SameSequence::Tie { wins } => {
-                stats.ties += 1;
-                if !wins {
-                    stats.tie_losers += 1;
+/// A batch's changes, row-encoded, as `place_rows` reads them.
+struct Changes<'a, D> {
+    flow: &'a Flow,
+    hc: &'a HistCodec,
+    seqs: &'a Rows,
+    vals: &'a [Rows],
+    fps: &'a [u64],
+    /// Whether row `i` is a delete.
+    deleted: D,
+    /// The commit time a delete records.
+    now_ms: i64,
+}
+
+impl<'a, D: Fn(usize) -> bool> Changes<'a, D> {
+    fn seq(&self, i: usize) -> &'a [u8] {
+        self.seqs.row(i).data()
+    }
+
+    /// Row `i` as an event (no location yet).
+    fn event(&self, i: usize) -> Event {
+        Event::new(
+            self.seq(i),
+            self.vals.iter().map(|r| r.row(i).data()),
+            self.fps[i],
+            (self.deleted)(i).then_some(self.now_ms),
+            None,
+        )
+    }
+
+    /// Whether row `i` takes the place of `other`, the event at its
+    /// sequence (`same_sequence`); counts duplicates and ties.
+    fn takes_place(&self, i: usize, other: &Event, stats: &mut BatchStats) -> Result<bool> {
+        Ok(
+            match same_sequence(self.flow, i, self.fps[i], other.fp(), other.is_delete())? {
+                SameSequence::ReplacesSentinel => true,
+                SameSequence::Duplicate => {
+                    stats.duplicates += 1;
+                    false
                 }
-                wins
-            }
-        },
-    )
+                SameSequence::Tie { wins } => {
+                    stats.ties += 1;
+                    if !wins {
+                        stats.tie_losers += 1;
+                    }
+                    wins
+                }
+            },
+        )
+    }
+
+    /// Counts row `i`, which took a place: stale (behind a delete), a
+    /// delete or an upsert.
+    fn count(&self, i: usize, stale: bool, stats: &mut BatchStats) {
+        if stale {
+            stats.stale += 1;
+        } else if (self.deleted)(i) {
+            stats.deletes += 1;
+        } else {
+            stats.upserts += 1;
+        }
+    }
 }
 
 /// `place_rows` for a key's only row in the batch (most keys' case), with
 /// no map.
-#[allow(clippy::too_many_arguments)] // one key's row, each input used once
 fn place_one(
-    flow: &Flow,
-    hc: &HistCodec,
+    changes: &Changes<'_, impl Fn(usize) -> bool>,
     old: &[Event],
     i: usize,
     at: usize,
-    seqs: &Rows,
-    vals: &[Rows],
-    fps: &[u64],
-    deleted: &impl Fn(usize) -> bool,
-    now_ms: i64,
     stats: &mut BatchStats,
 ) -> Result<Vec<Event>> {
-    let seq: &[u8] = seqs.row(i).data();
-    let fp = fps[i];
+    let seq = changes.seq(i);
     let here = old.get(at).filter(|e| e.seq() == seq);
-    let delete = deleted(i);
     let mut stale = false;
     if let Some(e) = here {
-        if !takes_place(flow, i, fp, e, stats)? {
+        if !changes.takes_place(i, e, stats)? {
             return Ok(old.to_vec());
         }
     } else {
-        stale = !hc.scd2 && old[at..].iter().any(Event::is_delete);
+        stale = !changes.hc.scd2 && old[at..].iter().any(Event::is_delete);
     }
-    if stale {
-        stats.stale += 1;
-    } else if delete {
-        stats.deletes += 1;
-    } else {
-        stats.upserts += 1;
-    }
+    changes.count(i, stale, stats);
     let mut events = Vec::with_capacity(old.len() + 1);
     events.extend_from_slice(&old[..at]);
-    events.push(Event::new(
-        seq,
-        vals.iter().map(|r| r.row(i).data()),
-        fp,
-        delete.then_some(now_ms),
-        None,
-    ));
+    events.push(changes.event(i));
     events.extend_from_slice(&old[at + here.is_some() as usize..]);
     Ok(events)
 }
@@ -1291,26 +1303,17 @@ fn seek(events: &[Event], mut lo: usize, seq: &[u8]) -> usize {
 /// pass, so a long history (a hot key's, rows arriving out of order)
 /// costs O(events + rows log rows), where inserting each row into the
 /// events cost O(events) per row.
-#[allow(clippy::too_many_arguments)] // one key's rows, each input used once
 fn place_rows<'a>(
-    flow: &Flow,
-    hc: &HistCodec,
+    changes: &Changes<'a, impl Fn(usize) -> bool>,
     old: &'a [Event],
     rows: &[usize],
     ats: &[usize],
-    seqs: &'a Rows,
-    vals: &[Rows],
-    fps: &[u64],
-    deleted: &impl Fn(usize) -> bool,
-    now_ms: i64,
     stats: &mut BatchStats,
 ) -> Result<Vec<Event>> {
     use std::collections::{BTreeMap, BTreeSet};
     use std::ops::Bound::{Excluded, Unbounded};
     if let (&[i], &[at]) = (rows, ats) {
-        return place_one(
-            flow, hc, old, i, at, seqs, vals, fps, deleted, now_ms, stats,
-        );
+        return place_one(changes, old, i, at, stats);
     }
     let mut new: BTreeMap<&[u8], Event> = BTreeMap::new();
     // SCD Type 1: the sequences of the batch's deletes placed so far, and
@@ -1318,19 +1321,17 @@ fn place_rows<'a>(
     let mut new_deletes: BTreeSet<&[u8]> = BTreeSet::new();
     let mut next_delete: Option<Vec<usize>> = None;
     for (&i, &at) in rows.iter().zip(ats) {
-        let seq: &[u8] = seqs.row(i).data();
-        let fp = fps[i];
+        let seq = changes.seq(i);
         debug_assert_eq!(at, old.partition_point(|e| e.seq() < seq));
         let here = new
             .get(seq)
             .or_else(|| old.get(at).filter(|e| e.seq() == seq));
-        let delete = deleted(i);
         let mut stale = false;
         if let Some(e) = here {
-            if !takes_place(flow, i, fp, e, stats)? {
+            if !changes.takes_place(i, e, stats)? {
                 continue;
             }
-        } else if !hc.scd2 {
+        } else if !changes.hc.scd2 {
             let next = next_delete.get_or_insert_with(|| {
                 let mut next = vec![old.len(); old.len() + 1];
                 for j in (0..old.len()).rev() {
@@ -1355,26 +1356,13 @@ fn place_rows<'a>(
                     .next()
                     .is_some();
         }
-        if delete {
+        if (changes.deleted)(i) {
             new_deletes.insert(seq);
         } else {
             new_deletes.remove(seq);
         }
-        if stale {
-            stats.stale += 1;
-        } else if delete {
-            stats.deletes += 1;
-        } else {
-            stats.upserts += 1;
-        }
-        let event = Event::new(
-            seq,
-            vals.iter().map(|r| r.row(i).data()),
-            fp,
-            delete.then_some(now_ms),
-            None,
-        );
-        new.insert(seq, event);
+        changes.count(i, stale, stats);
+        new.insert(seq, changes.event(i));
     }
     // One pass: the old events between the rows, a row in place of the
     // old event at its sequence.
@@ -1954,7 +1942,7 @@ mod tests {
         use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
         use proptest::prelude::*;
 
-        use super::super::{Event, HistCodec, place_rows};
+        use super::super::{Changes, Event, HistCodec, place_rows};
         use crate::core::flow::Flow;
         use crate::core::resolve::{BatchStats, Codec, SameSequence, same_sequence};
         use crate::error::Result;
@@ -2006,19 +1994,21 @@ columns = [
         }
 
         /// The placement before `place_rows`.
-        #[allow(clippy::too_many_arguments)]
         fn by_insertion(
-            flow: &Flow,
-            hc: &HistCodec,
+            c: &Changes<'_, impl Fn(usize) -> bool>,
             old: &[Event],
             rows: &[usize],
-            seqs: &arrow_row::Rows,
-            vals: &[arrow_row::Rows],
-            fps: &[u64],
-            deleted: &impl Fn(usize) -> bool,
-            now_ms: i64,
             stats: &mut BatchStats,
         ) -> Result<Vec<Event>> {
+            let Changes {
+                flow,
+                hc,
+                seqs,
+                vals,
+                fps,
+                deleted,
+                now_ms,
+            } = c;
             let mut events = old.to_vec();
             for &i in rows {
                 let seq: &[u8] = seqs.row(i).data();
@@ -2028,7 +2018,7 @@ columns = [
                     seq,
                     vals.iter().map(|r| r.row(i).data()),
                     fp,
-                    deleted(i).then_some(now_ms),
+                    deleted(i).then_some(*now_ms),
                     None,
                 );
                 if let Some(e) = events.get(at).filter(|e| e.seq() == seq) {
@@ -2116,18 +2106,23 @@ columns = [
                 let seqs = codec.seqs.convert_columns(&[nb.column(3).clone()]).unwrap();
                 let vals = hc.encode(&nb).unwrap();
                 let fps = codec.fingerprints(&nb).unwrap();
-                let deleted = |i: usize| new[i].1;
+                let changes = Changes {
+                    flow: &flow,
+                    hc: &hc,
+                    seqs: &seqs,
+                    vals: &vals,
+                    fps: &fps,
+                    deleted: |i: usize| new[i].1,
+                    now_ms: 9,
+                };
                 let rows: Vec<usize> = (0..new.len()).collect();
                 let ats: Vec<usize> = rows
                     .iter()
                     .map(|&i| old.partition_point(|e| e.seq() < seqs.row(i).data()))
                     .collect();
                 let (mut a, mut b) = (BatchStats::default(), BatchStats::default());
-                let merged = place_rows(
-                    &flow, &hc, &old, &rows, &ats, &seqs, &vals, &fps, &deleted, 9, &mut a,
-                );
-                let inserted =
-                    by_insertion(&flow, &hc, &old, &rows, &seqs, &vals, &fps, &deleted, 9, &mut b);
+                let merged = place_rows(&changes, &old, &rows, &ats, &mut a);
+                let inserted = by_insertion(&changes, &old, &rows, &mut b);
                 match (merged, inserted) {
                     (Ok(m), Ok(i)) => {
                         prop_assert_eq!(m, i);
@@ -2137,11 +2132,8 @@ columns = [
                 }
                 // A key's only row (`place_one`).
                 let (mut a, mut b) = (BatchStats::default(), BatchStats::default());
-                let one = place_rows(
-                    &flow, &hc, &old, &[0], &ats[..1], &seqs, &vals, &fps, &deleted, 9, &mut a,
-                );
-                let inserted =
-                    by_insertion(&flow, &hc, &old, &[0], &seqs, &vals, &fps, &deleted, 9, &mut b);
+                let one = place_rows(&changes, &old, &[0], &ats[..1], &mut a);
+                let inserted = by_insertion(&changes, &old, &[0], &mut b);
                 match (one, inserted) {
                     (Ok(m), Ok(i)) => {
                         prop_assert_eq!(m, i);
