@@ -1,7 +1,8 @@
 //! Property tests of the history resolver (SCD Type 2, ignore_null_updates)
 //! against the oracle in `common::scd`: random changes over few keys and
 //! sequences (to force late events, duplicates and ties), in a random order,
-//! cut into random micro-batches, with state restarts between some of them.
+//! cut into random micro-batches, committed one or several at a time, with
+//! state restarts between some of them.
 
 mod common;
 
@@ -67,8 +68,14 @@ fn run_with(
     if whole_keys {
         sim = sim.writing_whole_keys();
     }
+    // Some runs commit every second or third batch, as the service does
+    // when batches arrive faster than commits.
+    let commit_every = 1 + (order_seed >> 32) as usize % 3;
     for (i, b) in arrow.iter().enumerate() {
-        sim.apply(b).unwrap();
+        sim.apply_uncommitted(b).unwrap();
+        if restarts[i] || (i + 1) % commit_every == 0 || i + 1 == arrow.len() {
+            sim.commit();
+        }
         if restarts[i] {
             sim.restart();
         }

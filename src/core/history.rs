@@ -538,11 +538,17 @@ pub struct History {
     table: HashTable<u32>,
     slots: Vec<Slot>,
     pub files: FileTable,
-    /// Slots with a changed event, each once.
-    dirty: Vec<u32>,
+    /// Slots with a changed event, each once, with a bound below which
+    /// none of its events changed: a commit's state delta, and clearing it,
+    /// visit what changed, not a hot key's whole history.
+    dirty: Vec<Dirty>,
     /// A bit per slot: listed in `dirty` (a bit, not a field of `Slot`:
     /// a history holds a slot per key).
     listed: Vec<u64>,
+    /// Where each listed slot is in `dirty`: made when a listed slot
+    /// changes again before the list is cleared (several batches in one
+    /// commit), dropped with the list.
+    dirty_at: Option<HashMap<u32, u32>>,
     events: usize,
     /// Keys whose latest event is an upsert (`live`), and the bytes of the
     /// keys and events held (`heap_bytes`): kept as they change, because
@@ -561,6 +567,13 @@ pub struct History {
     /// (none: no such key), so `gc_tombstones` costs nothing while none can
     /// have expired; exact after each of its scans.
     oldest_tombstone_ms: Option<i64>,
+}
+
+/// A slot with a changed event, none before `first`.
+#[derive(Debug, Clone, Copy)]
+struct Dirty {
+    slot: u32,
+    first: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -634,7 +647,7 @@ impl History {
             .or_else(|| self.slot(&key));
         self.events += events.len();
         self.held += events.iter().map(Event::bytes).sum::<usize>();
-        let (i, changed) = match slot {
+        let (i, first, kept) = match slot {
             Some(i) => {
                 let s = &mut self.slots[i as usize];
                 debug_assert!(from <= s.events.len(), "a plan applies to its history");
@@ -644,7 +657,7 @@ impl History {
                 mark_changed(&s.events[from..], &mut events);
                 // The events before `from` are as they were: one of them
                 // changed only in a slot already dirty.
-                let changed = events.iter().any(Event::changed);
+                let first = events.iter().position(Event::changed).map(|j| from + j);
                 self.events -= s.events.len() - from;
                 let mut kept = std::mem::take(&mut s.events).into_vec();
                 kept.truncate(from);
@@ -652,12 +665,12 @@ impl History {
                 kept.extend(events);
                 s.events = kept.into_boxed_slice();
                 debug_assert!(s.events.windows(2).all(|w| w[0].seq() < w[1].seq()));
-                (i, changed)
+                (i, first, from)
             }
             None => {
                 debug_assert_eq!(from, 0, "a new key has no events before");
                 events.iter_mut().for_each(|e| e.set_changed(true));
-                let changed = !events.is_empty();
+                let first = (!events.is_empty()).then_some(0);
                 let i = u32::try_from(self.slots.len()).expect("fewer than 2^32 keys");
                 self.held += key.len();
                 self.slots.push(Slot {
@@ -665,7 +678,7 @@ impl History {
                     events: events.into_boxed_slice(),
                 });
                 index_slot(&mut self.table, &self.slots, i);
-                (i, changed)
+                (i, first, 0)
             }
         };
         self.live += is_live(&self.slots[i as usize].events) as usize;
@@ -676,19 +689,42 @@ impl History {
         {
             self.oldest_tombstone_ms = Some(self.oldest_tombstone_ms.map_or(t, |o| o.min(t)));
         }
-        self.mark_dirty(i, changed);
+        self.mark_dirty(i, first, kept);
     }
 
-    /// Lists `slot` as dirty once an event of it `changed`.
-    fn mark_dirty(&mut self, slot: u32, changed: bool) {
+    /// Lists `slot` as dirty once an event of it changed, `first` the
+    /// first that did (None: none did); its events before `kept` are as
+    /// they were (so a listed slot's bound stays within its events).
+    fn mark_dirty(&mut self, slot: u32, first: Option<usize>, kept: usize) {
         let (word, bit) = (slot as usize / 64, 1u64 << (slot % 64));
-        if changed && self.listed.get(word).is_none_or(|w| w & bit == 0) {
+        let listed = self.listed.get(word).is_some_and(|w| w & bit != 0);
+        let first = match first {
+            Some(f) => f,
+            None if listed => kept,
+            None => return,
+        };
+        let first = u32::try_from(first).expect("fewer than 2^32 events per key");
+        if !listed {
             if self.listed.len() <= word {
                 self.listed.resize(word + 1, 0);
             }
             self.listed[word] |= bit;
-            self.dirty.push(slot);
+            if let Some(at) = &mut self.dirty_at {
+                at.insert(slot, self.dirty.len() as u32);
+            }
+            self.dirty.push(Dirty { slot, first });
+            return;
         }
+        let dirty = &self.dirty;
+        let at = self.dirty_at.get_or_insert_with(|| {
+            dirty
+                .iter()
+                .enumerate()
+                .map(|(j, d)| (d.slot, j as u32))
+                .collect()
+        });
+        let d = &mut self.dirty[at[&slot] as usize];
+        d.first = d.first.min(first);
     }
 
     /// Moves target rows: every event whose `loc` `to` maps elsewhere takes
@@ -697,16 +733,17 @@ impl History {
     pub fn relocate(&mut self, mut to: impl FnMut(Loc) -> Option<Loc>) -> usize {
         let mut moved = 0;
         for i in 0..self.slots.len() {
-            let mut changed = false;
-            for e in self.slots[i].events.iter_mut() {
+            let mut first = None;
+            for (j, e) in self.slots[i].events.iter_mut().enumerate() {
                 if let Some(new) = e.loc().and_then(&mut to).filter(|n| Some(*n) != e.loc()) {
                     e.set_loc(Some(new));
                     e.set_changed(true);
-                    changed = true;
+                    first = first.or(Some(j));
                     moved += 1;
                 }
             }
-            self.mark_dirty(i as u32, changed);
+            let kept = self.slots[i].events.len();
+            self.mark_dirty(i as u32, first, kept);
         }
         moved
     }
@@ -746,11 +783,15 @@ impl History {
             .map(|(i, s)| (i as u32, &*s.key, &*s.events))
     }
 
-    /// The keys with a changed event, each once.
+    /// The keys with a changed event, each once, with the events the next
+    /// state commit writes of it (unless whole): an appending history's
+    /// from its first changed event on (those changed among them), the
+    /// others' all.
     pub fn dirty(&self) -> impl Iterator<Item = (&[u8], &[Event])> + '_ {
-        self.dirty.iter().map(|&i| {
-            let s = &self.slots[i as usize];
-            (&*s.key, &*s.events)
+        self.dirty.iter().map(|d| {
+            let s = &self.slots[d.slot as usize];
+            let from = if self.appends { d.first as usize } else { 0 };
+            (&*s.key, &s.events[from..])
         })
     }
 
@@ -768,11 +809,14 @@ impl History {
     }
 
     pub fn clear_dirty(&mut self) {
-        for i in std::mem::take(&mut self.dirty) {
-            self.listed[i as usize / 64] &= !(1u64 << (i % 64));
-            let s = &mut self.slots[i as usize];
-            s.events.iter_mut().for_each(|e| e.set_changed(false));
+        for d in std::mem::take(&mut self.dirty) {
+            self.listed[d.slot as usize / 64] &= !(1u64 << (d.slot % 64));
+            let s = &mut self.slots[d.slot as usize];
+            s.events[d.first as usize..]
+                .iter_mut()
+                .for_each(|e| e.set_changed(false));
         }
+        self.dirty_at = None;
     }
 
     /// SCD Type 1: forgets keys whose latest change is a delete committed
@@ -816,10 +860,12 @@ impl History {
         }
         // A slot is listed while it has a changed event.
         self.dirty.clear();
+        self.dirty_at = None;
         self.listed.iter_mut().for_each(|w| *w = 0);
         for i in 0..self.slots.len() as u32 {
-            let changed = self.slots[i as usize].events.iter().any(Event::changed);
-            self.mark_dirty(i, changed);
+            let events = &self.slots[i as usize].events;
+            let (first, kept) = (events.iter().position(Event::changed), events.len());
+            self.mark_dirty(i, first, kept);
         }
         before - self.slots.len()
     }
@@ -829,12 +875,14 @@ impl History {
     pub fn heap_bytes(&self) -> usize {
         self.table.capacity() * (std::mem::size_of::<u32>() + 1)
             + self.slots.capacity() * std::mem::size_of::<Slot>()
-            + self.dirty.capacity() * std::mem::size_of::<u32>()
+            + self.dirty.capacity() * std::mem::size_of::<Dirty>()
+            + self.dirty_at.as_ref().map_or(0, |m| m.capacity() * 9)
             + self.listed.capacity() * std::mem::size_of::<u64>()
             + self.held
     }
 
-    /// Checks the kept counts against a count over every slot (tests).
+    /// Checks the kept counts against a count over every slot, and the
+    /// dirty list against the changed events (tests).
     pub fn check_counts(&self) {
         let slots = &self.slots;
         assert_eq!(
@@ -850,6 +898,26 @@ impl History {
             .map(|s| s.key.len() + s.events.iter().map(Event::bytes).sum::<usize>())
             .sum();
         assert_eq!(self.held, held);
+        // Every slot with a changed event is listed once, none of its
+        // events before its bound changed.
+        let mut listed = vec![false; slots.len()];
+        for (j, d) in self.dirty.iter().enumerate() {
+            let (i, first) = (d.slot as usize, d.first as usize);
+            assert!(!listed[i], "slot {i} listed twice");
+            listed[i] = true;
+            assert!(self.listed[i / 64] & (1 << (i % 64)) != 0);
+            if let Some(at) = &self.dirty_at {
+                assert_eq!(at.get(&d.slot), Some(&(j as u32)));
+            }
+            assert!(first <= slots[i].events.len());
+            assert!(!slots[i].events[..first].iter().any(Event::changed));
+        }
+        for (i, s) in slots.iter().enumerate() {
+            assert!(
+                listed[i] || !s.events.iter().any(Event::changed),
+                "slot {i} has a changed event and is not listed"
+            );
+        }
     }
 
     /// The bytes of the encoded values among `heap_bytes` (what remains is

@@ -229,7 +229,9 @@ impl HistSim {
         }
     }
 
-    pub fn apply(&mut self, batch: &RecordBatch) -> autocdc::Result<BatchStats> {
+    /// Resolves and applies `batch` to the history (and the target files),
+    /// leaving its state delta for the next `commit`.
+    pub fn apply_uncommitted(&mut self, batch: &RecordBatch) -> autocdc::Result<BatchStats> {
         let plan = history::resolve(
             &self.flow,
             &self.codec,
@@ -272,6 +274,22 @@ impl HistSim {
             .push((path, rows.into_iter().map(Some).collect()));
         let stats = plan.stats;
         history::apply(&mut self.hist, plan, &locs);
+        self.hist.check_counts();
+        self.stats.add(&stats);
+        self.now_ms += 1;
+        Ok(stats)
+    }
+
+    /// `apply` and `commit`.
+    pub fn apply(&mut self, batch: &RecordBatch) -> autocdc::Result<BatchStats> {
+        let stats = self.apply_uncommitted(batch)?;
+        self.commit();
+        Ok(stats)
+    }
+
+    /// Writes what changed since the last commit to the state log, as the
+    /// engine commits it (several batches may go in one commit).
+    pub fn commit(&mut self) {
         let generation = self.log.len() as i64 + 1;
         self.log.push(
             state_table::history_to_batch(
@@ -287,9 +305,6 @@ impl HistSim {
         );
         self.hist.clear_dirty();
         self.hist.check_counts();
-        self.stats.add(&stats);
-        self.now_ms += 1;
-        Ok(stats)
     }
 
     /// Writes the state log as autocdc did before SCD Type 2 appended:
@@ -300,9 +315,10 @@ impl HistSim {
         self
     }
 
-    /// Loads the history back from the state log (every apply's delta),
+    /// Loads the history back from the state log (every commit's delta),
     /// as a restarted engine does, and checks it is the one in memory.
     pub fn restart(&mut self) {
+        assert_eq!(self.hist.dirty_len(), 0, "a restart follows a commit");
         let mut fresh = History::new(self.flow.scd2);
         // Same file ids as before: intern the paths in order.
         for (p, _) in &self.files {
