@@ -55,6 +55,36 @@ pub struct BenchArgs {
     /// the partitioned run beside the unpartitioned one.
     #[arg(long)]
     pub partition_by: Option<String>,
+    /// How sequences arrive: `all` (shuffled over the whole input, so a
+    /// batch holds changes older than earlier batches'), or `batch` (each
+    /// micro-batch holds the next run of sequences, shuffled within it: a
+    /// log that reorders only within a batch, so a hot key's history grows
+    /// in order).
+    #[arg(long, default_value = "all", value_parser = ["all", "batch"])]
+    pub shuffle: String,
+}
+
+/// `all`'s sequences (a permutation of `0..n`) renumbered so each run of
+/// `per` rows holds the next `per` sequences, in the same order within it.
+fn sequences_by_batch(all: &RecordBatch, per: usize) -> Result<RecordBatch> {
+    let col = all.schema().index_of("seq")?;
+    let seqs = all
+        .column(col)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .ok_or_else(|| Error::Config("the bench input's seq is not a long".into()))?;
+    let mut out = vec![0i64; seqs.len()];
+    for start in (0..seqs.len()).step_by(per) {
+        let end = (start + per).min(seqs.len());
+        let mut rows: Vec<usize> = (start..end).collect();
+        rows.sort_unstable_by_key(|&i| seqs.value(i));
+        for (rank, i) in rows.into_iter().enumerate() {
+            out[i] = (start + rank) as i64;
+        }
+    }
+    let mut cols = all.columns().to_vec();
+    cols[col] = Arc::new(Int64Array::from(out));
+    Ok(RecordBatch::try_new(all.schema(), cols)?)
 }
 
 fn bench_flow(target: &str) -> Result<Flow> {
@@ -189,11 +219,16 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     let mut rng = StdRng::seed_from_u64(args.seed);
 
     println!(
-        "autocdc bench: {} events over {} keys, {:.0}% deletes, {} micro-batches, from Parquet",
+        "autocdc bench: {} events over {} keys, {:.0}% deletes, {} micro-batches, sequences shuffled {}, from Parquet",
         args.events,
         args.keys,
         args.delete_fraction * 100.0,
-        args.batches
+        args.batches,
+        if args.shuffle == "batch" {
+            "within each batch"
+        } else {
+            "over the whole input"
+        }
     );
     let all = generate::changes(
         &flow.source_arrow,
@@ -204,8 +239,13 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         0,
         args.delete_fraction,
     )?;
-    let floor = parquet_floor(&flow, &all, &dir)?;
     let per = args.events.div_ceil(args.batches);
+    let all = if args.shuffle == "batch" {
+        sequences_by_batch(&all, per)?
+    } else {
+        all
+    };
+    let floor = parquet_floor(&flow, &all, &dir)?;
     let mut files = Vec::new();
     for (i, start) in (0..args.events).step_by(per).enumerate() {
         let p = input_dir.join(format!("part-{i:05}.parquet"));
@@ -390,7 +430,7 @@ async fn main_run(
 ) -> Result<Run> {
     let mut engine =
         Engine::open(flow.clone(), catalog.clone(), Arc::new(Faults::default())).await?;
-    let mut latencies = Vec::new();
+    let (mut latencies, mut state_ms) = (Vec::new(), Vec::new());
     let mut phases = crate::table::engine::Timings::default();
     let mut read_ms = 0.0;
     let (mut data_files, mut delete_files, mut bytes) = (0, 0, 0);
@@ -402,11 +442,21 @@ async fn main_run(
         let r = engine.apply(&b, now_ms()).await?;
         phases.add(&r.timings);
         latencies.push(t.elapsed().as_secs_f64());
+        state_ms.push(r.timings.state_apply_ms);
         data_files += r.data_files;
         delete_files += r.delete_files;
         bytes += r.bytes_written;
     }
     let secs = started.elapsed().as_secs_f64();
+    // Whether a batch costs more as the state grows: the first tenth of
+    // the batches against the last.
+    let tenths = (latencies.len() >= 20).then(|| {
+        let tenth = latencies.len() / 10;
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let ends = |v: &[f64]| (mean(&v[..tenth]), mean(&v[v.len() - tenth..]));
+        let (l, s) = (ends(&latencies), ends(&state_ms));
+        (l.0 * 1e3, l.1 * 1e3, s.0, s.1)
+    });
     latencies.sort_by(f64::total_cmp);
     let s = engine.summary();
     println!(
@@ -429,6 +479,11 @@ async fn main_run(
         latencies[latencies.len() - 1] * 1e3,
         per
     );
+    if let Some((l0, l1, s0, s1)) = tenths {
+        println!(
+            "first / last tenth of the batches, mean: latency {l0:.1} / {l1:.1} ms, state apply {s0:.2} / {s1:.2} ms"
+        );
+    }
     println!(
         "written: {} data files, {} delete files, {:.1} MiB (warehouse on disk incl. metadata and state: {:.1} MiB)",
         data_files,
@@ -476,6 +531,42 @@ fn tempfile_dir() -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sequences_by_batch_give_each_batch_the_next_run_in_the_same_order() {
+        let flow = bench_flow("bench.t").unwrap();
+        let mut rng = StdRng::seed_from_u64(3);
+        let all = generate::changes(&flow.source_arrow, &mut rng, 1000, 50, 0, 0, 0.1).unwrap();
+        let seqs = |b: &RecordBatch| -> Vec<i64> {
+            let c = b.column(b.schema().index_of("seq").unwrap());
+            c.as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
+        };
+        let by = sequences_by_batch(&all, 300).unwrap();
+        let (before, after) = (seqs(&all), seqs(&by));
+        for start in (0..1000).step_by(300) {
+            let end = (start + 300).min(1000);
+            let mut run = after[start..end].to_vec();
+            // Same order within the batch as before.
+            let order = |v: &[i64]| {
+                let mut o: Vec<usize> = (0..v.len()).collect();
+                o.sort_by_key(|&i| v[i]);
+                o
+            };
+            assert_eq!(order(&run), order(&before[start..end]));
+            run.sort_unstable();
+            assert_eq!(run, (start as i64..end as i64).collect::<Vec<_>>());
+        }
+        // Every other column is as it was.
+        for (i, f) in all.schema().fields().iter().enumerate() {
+            if f.name() != "seq" {
+                assert_eq!(all.column(i), by.column(i));
+            }
+        }
+    }
 
     #[test]
     fn the_file_floor_times_synced_files_and_keeps_them() {
