@@ -600,9 +600,14 @@ impl History {
 
     /// The slot of `key`.
     pub fn slot(&self, key: &[u8]) -> Option<u32> {
+        self.slot_hashed(hash_key(key), key)
+    }
+
+    /// The slot of `key`, whose `hash_key` is `hash`.
+    fn slot_hashed(&self, hash: u64, key: &[u8]) -> Option<u32> {
         let slots = &self.slots;
         self.table
-            .find(hash_key(key), |&i| *slots[i as usize].key == *key)
+            .find(hash, |&i| *slots[i as usize].key == *key)
             .copied()
     }
 
@@ -1198,8 +1203,16 @@ pub fn resolve(
     };
     // Per key, reused: its rows in sequence order, and their places.
     let (mut by_seq, mut ats): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
-    for (key, rows) in rows_by_key(&keys) {
-        let slot = hist.slot(key);
+    let groups = rows_by_key(&keys);
+    // Every key's slot first, in a loop of lookups only, so the cache
+    // misses of one key's lookup overlap the next's.
+    let slots: Vec<Option<u32>> = groups
+        .keys
+        .iter()
+        .map(|g| hist.slot_hashed(g.hash, g.key))
+        .collect();
+    for (g, slot) in groups.keys.iter().zip(slots) {
+        let (key, rows) = (g.key, &groups.rows[g.rows.clone()]);
         let whole: &[Event] = slot.map_or(&[], |i| hist.at(i));
         // Where each row goes among the key's events: found in sequence
         // order, each search starting where the last ended.
@@ -1221,7 +1234,7 @@ pub fn resolve(
         let from = refold_from(hc, whole, first);
         let old = &whole[from..];
         ats.iter_mut().for_each(|at| *at -= from);
-        let mut events = place_rows(&changes, old, &rows, &ats, &mut plan.stats)?;
+        let mut events = place_rows(&changes, old, rows, &ats, &mut plan.stats)?;
         prune(hc, &mut events);
         if events == old {
             continue;
@@ -1476,22 +1489,62 @@ fn refold_from(hc: &HistCodec, old: &[Event], first: usize) -> usize {
     j
 }
 
-/// The batch's rows grouped by key, keys in order of first appearance.
-fn rows_by_key(keys: &Rows) -> Vec<(&[u8], Vec<usize>)> {
-    let mut groups: HashMap<&[u8], usize> = HashMap::new();
-    let mut order: Vec<(&[u8], Vec<usize>)> = Vec::new();
-    for i in 0..keys.num_rows() {
-        let k = keys.row(i);
-        let k: &[u8] = k.data();
-        match groups.get(k) {
-            Some(&g) => order[g].1.push(i),
-            None => {
-                groups.insert(k, order.len());
-                order.push((k, vec![i]));
-            }
-        }
+/// The batch's rows grouped by key.
+struct KeyGroups<'a> {
+    /// In order of first appearance.
+    keys: Vec<KeyGroup<'a>>,
+    /// The rows, key after key, each key's in batch order.
+    rows: Vec<usize>,
+}
+
+struct KeyGroup<'a> {
+    key: &'a [u8],
+    /// `hash_key(key)`.
+    hash: u64,
+    /// Where its rows are in `KeyGroups::rows`.
+    rows: std::ops::Range<usize>,
+}
+
+/// The batch's rows grouped by key: a hash table of keys and one counting
+/// pass, so a batch of distinct keys allocates no vector per key.
+fn rows_by_key(keys: &Rows) -> KeyGroups<'_> {
+    let n = keys.num_rows();
+    let mut table: HashTable<u32> = HashTable::with_capacity(n);
+    let mut groups: Vec<KeyGroup<'_>> = Vec::new();
+    let mut group_of: Vec<u32> = Vec::with_capacity(n);
+    for i in 0..n {
+        let key: &[u8] = keys.row(i).data();
+        let hash = hash_key(key);
+        let found = table
+            .find(hash, |&g| groups[g as usize].key == key)
+            .copied();
+        let g = found.unwrap_or_else(|| {
+            let g = groups.len() as u32;
+            table.insert_unique(hash, g, |&g| groups[g as usize].hash);
+            groups.push(KeyGroup {
+                key,
+                hash,
+                rows: 0..0,
+            });
+            g
+        });
+        // Counted in `end` for now.
+        groups[g as usize].rows.end += 1;
+        group_of.push(g);
     }
-    order
+    let mut at = 0;
+    for g in &mut groups {
+        let count = g.rows.end;
+        g.rows = at..at;
+        at += count;
+    }
+    let mut rows = vec![0; n];
+    for (i, &g) in group_of.iter().enumerate() {
+        let r = &mut groups[g as usize].rows;
+        rows[r.end] = i;
+        r.end += 1;
+    }
+    KeyGroups { keys: groups, rows }
 }
 
 /// Re-folds every key's events under `hc` where they were folded under
