@@ -204,7 +204,7 @@ pub struct HistSim {
     codec: Codec,
     hc: HistCodec,
     pub hist: History,
-    /// The state log: each apply's delta, as the engine commits it.
+    /// The state log: each commit's delta, as the engine commits it.
     log: Vec<RecordBatch>,
     files: Vec<(String, Vec<Option<Vec<String>>>)>,
     target_arrow: arrow_schema::SchemaRef,
