@@ -60,8 +60,15 @@ pub struct BenchArgs {
     /// micro-batch holds the next run of sequences, shuffled within it: a
     /// log that reorders only within a batch, so a hot key's history grows
     /// in order).
-    #[arg(long, default_value = "all", value_parser = ["all", "batch"])]
-    pub shuffle: String,
+    #[arg(long, value_enum, default_value_t = Shuffle::All)]
+    pub shuffle: Shuffle,
+}
+
+/// How the bench's sequences arrive (`--shuffle`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shuffle {
+    All,
+    Batch,
 }
 
 /// `all`'s sequences (a permutation of `0..n`) renumbered so each run of
@@ -224,10 +231,9 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         args.keys,
         args.delete_fraction * 100.0,
         args.batches,
-        if args.shuffle == "batch" {
-            "within each batch"
-        } else {
-            "over the whole input"
+        match args.shuffle {
+            Shuffle::Batch => "within each batch",
+            Shuffle::All => "over the whole input",
         }
     );
     let all = generate::changes(
@@ -240,10 +246,9 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         args.delete_fraction,
     )?;
     let per = args.events.div_ceil(args.batches);
-    let all = if args.shuffle == "batch" {
-        sequences_by_batch(&all, per)?
-    } else {
-        all
+    let all = match args.shuffle {
+        Shuffle::Batch => sequences_by_batch(&all, per)?,
+        Shuffle::All => all,
     };
     let floor = parquet_floor(&flow, &all, &dir)?;
     let mut files = Vec::new();

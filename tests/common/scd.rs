@@ -280,7 +280,7 @@ impl HistSim {
         Ok(stats)
     }
 
-    /// `apply` and `commit`.
+    /// `apply_uncommitted`, then `commit`.
     pub fn apply(&mut self, batch: &RecordBatch) -> autocdc::Result<BatchStats> {
         let stats = self.apply_uncommitted(batch)?;
         self.commit();
