@@ -37,6 +37,7 @@ use crate::table::catalog::{Catalog, TableState};
 use crate::table::compact::{self, CompactionReport};
 use crate::table::flow_state::{FlowState, Plan};
 use crate::table::maintain::{self, Retention, TableReport, TableStats};
+use crate::table::read;
 use crate::table::row_delta::{self, Rewrite, RowDelta};
 use crate::table::state_table;
 use crate::table::write::{self, FileNamer, Partitioner};
@@ -2534,48 +2535,6 @@ impl Engine {
 
     /// All rows of the target's current snapshot, through a real Iceberg scan.
     pub async fn scan_target(&self) -> Result<Vec<RecordBatch>> {
-        scan(self.catalog.as_ref(), &self.target).await
-    }
-}
-
-/// Reads the current snapshot of a table (deletes applied), with
-/// iceberg-rust's scan (a reader independent of autocdc's writer), else
-/// with autocdc's own where iceberg-rust 0.10 cannot read the table.
-pub async fn scan(catalog: &dyn Catalog, table: &TableState) -> Result<Vec<RecordBatch>> {
-    if table.metadata.current_snapshot().is_none() {
-        return Ok(Vec::new());
-    }
-    // iceberg-rust 0.10 takes columns named like its metadata columns
-    // (`pos`, `file_path`, ...) for those and cannot find them: such
-    // tables are read with autocdc's own reader (compaction's).
-    let reserved = table
-        .metadata
-        .current_schema()
-        .as_struct()
-        .fields()
-        .iter()
-        .any(|f| iceberg::metadata_columns::is_metadata_column_name(&f.name));
-    if reserved {
-        return compact::scan(catalog.file_io(), table).await;
-    }
-    let t = table.table(catalog.file_io())?;
-    let scanned: Result<Vec<RecordBatch>> = async {
-        Ok(t.scan()
-            .select_all()
-            .build()?
-            .to_arrow()
-            .await?
-            .try_collect()
-            .await?)
-    }
-    .await;
-    match scanned {
-        Ok(batches) => Ok(batches),
-        // It also cannot read a file written before a nested column was
-        // added or changed; autocdc's reader can.
-        Err(e) => {
-            tracing::debug!(table = %table.ident, error = %e, "iceberg-rust's scan failed; reading with autocdc's reader");
-            compact::scan(catalog.file_io(), table).await
-        }
+        read::scan(self.catalog.as_ref(), &self.target).await
     }
 }

@@ -20,7 +20,8 @@ use crate::error::{Error, Result, codes};
 use crate::fault::Faults;
 use crate::service::input;
 use crate::table::catalog::{self, Catalog};
-use crate::table::engine::{self, Engine};
+use crate::table::engine::Engine;
+use crate::table::read;
 use crate::tools::generate::{self as gk, GhostKitchen};
 
 #[derive(Parser, Debug)]
@@ -378,7 +379,7 @@ async fn show(config: &Path, warehouse: Option<String>, table: &str, limit: usiz
             "table {table} does not exist in the catalog"
         )));
     };
-    let batches = engine::scan(catalog.as_ref(), &t).await?;
+    let batches = read::scan(catalog.as_ref(), &t).await?;
     let total: usize = batches.iter().map(|b| b.num_rows()).sum();
     print_rows(&batches, limit)?;
     println!(

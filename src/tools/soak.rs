@@ -548,7 +548,7 @@ async fn sample(
             }
             let t0 = Instant::now();
             let limited =
-                tokio::time::timeout(SCAN_LIMIT, crate::table::engine::scan(catalog.as_ref(), &t));
+                tokio::time::timeout(SCAN_LIMIT, crate::table::read::scan(catalog.as_ref(), &t));
             match scan {
                 false => s.scan_ms = f64::NAN,
                 true => match limited.await {
@@ -643,7 +643,7 @@ async fn check_table(
         .await?
         .ok_or_else(|| Error::Unavailable(format!("soak.{name} does not exist")))?;
     let mut rows: HashMap<i64, i64> = HashMap::new();
-    for b in crate::table::engine::scan(catalog.as_ref(), &t).await? {
+    for b in crate::table::read::scan(catalog.as_ref(), &t).await? {
         let id = b
             .column_by_name("id")
             .ok_or_else(|| Error::Unavailable("no id column".into()))?

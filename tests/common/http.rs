@@ -129,7 +129,7 @@ pub async fn table(dir: &Path, flow: &str) -> BTreeSet<Vec<String>> {
         return BTreeSet::new();
     };
     let mut out = BTreeSet::new();
-    for b in autocdc::table::engine::scan(&cat, &t).await.unwrap() {
+    for b in autocdc::table::read::scan(&cat, &t).await.unwrap() {
         for r in render_all(&b) {
             assert!(out.insert(r.clone()), "row {r:?} read twice");
         }
