@@ -549,6 +549,10 @@ pub struct History {
     /// changes again before the list is cleared (several batches in one
     /// commit), dropped with the list.
     dirty_at: Option<HashMap<u32, u32>>,
+    /// The slots from this one on were made since the dirty list was last
+    /// cleared (a commit): new keys, or keys put again after their
+    /// tombstone was collected. Their rows in the state log start them.
+    new_from: u32,
     events: usize,
     /// Keys whose latest event is an upsert (`live`), and the bytes of the
     /// keys and events held (`heap_bytes`): kept as they change, because
@@ -557,11 +561,10 @@ pub struct History {
     live: usize,
     held: usize,
     /// The state log only appends: each commit writes the events that
-    /// changed, and a key's events are the latest row of each sequence.
-    /// SCD Type 2 appends (it never forgets an event); SCD Type 1 with
-    /// `ignore_null_updates` forgets a deleted key after `tombstone_gc`,
-    /// so each commit writes a touched key's events whole, and a key's
-    /// events are those of its latest generation.
+    /// changed, and a key's events are the latest row of each sequence
+    /// from its latest row that starts the key (`dirty`). Otherwise each
+    /// commit writes a touched key's events whole, as autocdc did before
+    /// (kept to write such logs in tests).
     appends: bool,
     /// At most the delete time of every key whose latest event is a delete
     /// (none: no such key), so `gc_tombstones` costs nothing while none can
@@ -591,11 +594,6 @@ impl History {
             appends,
             ..History::default()
         }
-    }
-
-    /// Whether the state log only appends changed events (SCD Type 2).
-    pub fn appends(&self) -> bool {
-        self.appends
     }
 
     /// The slot of `key`.
@@ -788,32 +786,39 @@ impl History {
             .map(|(i, s)| (i as u32, &*s.key, &*s.events))
     }
 
-    /// The keys with a changed event, each once, with the events the next
-    /// state commit writes of it (unless whole): an appending history's
-    /// from its first changed event on (those changed among them), the
-    /// others' all.
-    pub fn dirty(&self) -> impl Iterator<Item = (&[u8], &[Event])> + '_ {
+    /// The keys with a changed event, each once, with what the next state
+    /// commit writes of each (unless whole): `(key, events, starts)`.
+    /// - `starts`: every event of the key, each written, marked as where
+    ///   the key's events start (rows of earlier commits are not the
+    ///   key's): a key whose slot was made since the last commit (new, or
+    ///   put again after its tombstone was collected), and every key of a
+    ///   history that does not append.
+    /// - otherwise its events from its first changed event on, of which
+    ///   the changed are written: the key's other events are in the log.
+    pub fn dirty(&self) -> impl Iterator<Item = (&[u8], &[Event], bool)> + '_ {
         self.dirty.iter().map(|d| {
             let s = &self.slots[d.slot as usize];
-            let from = if self.appends { d.first as usize } else { 0 };
-            (&*s.key, &s.events[from..])
+            let starts = !self.appends || d.slot >= self.new_from;
+            let from = if starts { 0 } else { d.first as usize };
+            (&*s.key, &s.events[from..], starts)
         })
     }
 
     /// The rows the next state commit writes (unless whole).
     pub fn dirty_len(&self) -> usize {
         self.dirty()
-            .map(|(_, e)| {
-                if self.appends {
-                    e.iter().filter(|e| e.changed()).count()
-                } else {
+            .map(|(_, e, starts)| {
+                if starts {
                     e.len()
+                } else {
+                    e.iter().filter(|e| e.changed()).count()
                 }
             })
             .sum()
     }
 
     pub fn clear_dirty(&mut self) {
+        self.new_from = u32::try_from(self.slots.len()).expect("fewer than 2^32 keys");
         for d in std::mem::take(&mut self.dirty) {
             self.listed[d.slot as usize / 64] &= !(1u64 << (d.slot % 64));
             let s = &mut self.slots[d.slot as usize];
@@ -846,14 +851,20 @@ impl History {
         }
         let before = self.slots.len();
         let (mut dropped, mut bytes) = (0, 0);
+        // Slots keep their order: those made since the last commit stay last.
+        let (mut at, mut old_kept, new_from) = (0, 0, self.new_from);
         self.slots.retain(|s| {
             let g = gone(s);
             if g {
                 dropped += s.events.len();
                 bytes += s.key.len() + s.events.iter().map(Event::bytes).sum::<usize>();
+            } else if at < new_from {
+                old_kept += 1;
             }
+            at += 1;
             !g
         });
+        self.new_from = old_kept;
         // A dropped key's latest event is a delete: it was not live.
         self.events -= dropped;
         self.held -= bytes;
@@ -890,6 +901,7 @@ impl History {
     /// dirty list against the changed events (tests).
     pub fn check_counts(&self) {
         let slots = &self.slots;
+        assert!(self.new_from as usize <= slots.len());
         assert_eq!(
             self.events,
             slots.iter().map(|s| s.events.len()).sum::<usize>()
@@ -2023,7 +2035,7 @@ mod tests {
             let s = h.slot(&[k]).expect("kept");
             assert_eq!(h.at(s), h.get(&[k]).unwrap());
         }
-        let mut dirty: Vec<&[u8]> = h.dirty().map(|(k, _)| k).collect();
+        let mut dirty: Vec<&[u8]> = h.dirty().map(|(k, _, _)| k).collect();
         dirty.sort();
         assert_eq!(dirty, [&[1u8][..], &[3u8][..]]);
         h.put(None, vec![2].into(), 0, vec![ev(4, b"c", None, None)]);

@@ -87,7 +87,7 @@ impl FlowState {
         Ok(if flow.keeps_history() {
             FlowState::History {
                 codec: HistCodec::new(flow)?,
-                events: History::new(flow.scd2),
+                events: History::new(true),
             }
         } else {
             FlowState::Keys(KeyIndex::new())
@@ -339,19 +339,12 @@ impl FlowState {
                 codec,
                 hc,
                 events,
-                events.iter(),
+                events.iter().map(|(k, e)| (k, e, true)),
                 generation,
-                false,
             ),
-            FlowState::History { codec: hc, events } => state_table::history_to_batch(
-                flow,
-                codec,
-                hc,
-                events,
-                events.dirty(),
-                generation,
-                events.appends(),
-            ),
+            FlowState::History { codec: hc, events } => {
+                state_table::history_to_batch(flow, codec, hc, events, events.dirty(), generation)
+            }
         }
     }
 

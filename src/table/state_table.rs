@@ -14,14 +14,18 @@
 //! A flow that keeps history (SCD Type 2, `ignore_null_updates`) stores one
 //! row per kept event instead: the same columns (`__autocdc_deleted_at_ms`
 //! set on deletes, `__autocdc_file` / `__autocdc_pos` on events that anchor a
-//! target row) plus `__autocdc_val_<name>` per value column; loading keeps,
-//! per key, the rows of its highest generation.
+//! target row), `__autocdc_starts` and `__autocdc_val_<name>` per value
+//! column. Each commit appends the events that changed; a key whose first
+//! event changed (a new key, or one put again after its tombstone was
+//! collected) is written whole, its rows marked as starting it. Loading
+//! keeps, per key, its rows from the latest generation that starts it, and
+//! of those the latest row of each sequence.
 //!
 //! This module converts between the two forms; it does no I/O.
 
 use std::sync::Arc;
 
-use arrow_array::builder::{Int64Builder, StringBuilder};
+use arrow_array::builder::{BooleanBuilder, Int64Builder, StringBuilder};
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use arrow_array::{Array, ArrayRef, RecordBatch};
@@ -43,6 +47,11 @@ pub const COL_DELETED_AT: &str = "__autocdc_deleted_at_ms";
 pub const COL_FILE: &str = "__autocdc_file";
 pub const COL_POS: &str = "__autocdc_pos";
 pub const COL_GENERATION: &str = "__autocdc_generation";
+/// History flows: the row's key starts at its generation (rows of earlier
+/// generations are not the key's). Null in a log written before the
+/// column: SCD Type 2 then appended (not set), SCD Type 1 with
+/// `ignore_null_updates` wrote each key whole (set).
+pub const COL_STARTS: &str = "__autocdc_starts";
 
 fn seq_col(name: &str) -> String {
     format!("__autocdc_seq_{name}")
@@ -112,6 +121,11 @@ pub fn schema(flow: &Flow) -> Result<Schema> {
         long(),
     )));
     if flow.keeps_history() {
+        fields.push(Arc::new(NestedField::optional(
+            next(),
+            COL_STARTS,
+            Type::Primitive(PrimitiveType::Boolean),
+        )));
         // One row per event: the keys identify no row; the values ride along.
         for c in flow.value_cols() {
             fields.push(Arc::new(NestedField::optional(
@@ -472,28 +486,32 @@ fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef> {
 }
 
 /// Encodes the events of `keys` as one batch of the state table, stamped
-/// `generation`; only those marked changed when `changed_only`.
+/// `generation`: per `(key, events, starts)` (`History::dirty`), every
+/// event, each marked as starting the key, when `starts`; else the changed
+/// among them.
 pub fn history_to_batch<'a>(
     flow: &Flow,
     codec: &Codec,
     hc: &HistCodec,
     hist: &History,
-    keys: impl Iterator<Item = (&'a [u8], &'a [Event])>,
+    keys: impl Iterator<Item = (&'a [u8], &'a [Event], bool)>,
     generation: i64,
-    changed_only: bool,
 ) -> Result<RecordBatch> {
     let mut rows = EntryRows::new(codec);
+    let mut starting = BooleanBuilder::new();
     let mut vals: Vec<Vec<&[u8]>> = vec![Vec::new(); hc.cols.len()];
-    for (key, events) in keys {
-        for e in events.iter().filter(|e| e.changed() || !changed_only) {
+    for (key, events, starts) in keys {
+        for e in events.iter().filter(|e| starts || e.changed()) {
             let loc = e.loc().map(|l| (hist.files.path(l.file), l.pos));
             rows.push(key, e.seq(), e.fp(), e.deleted_at_ms(), loc);
+            starting.append_value(starts);
             for (j, v) in e.vals().iter().enumerate() {
                 vals[j].push(v);
             }
         }
     }
     let mut cols = rows.finish(generation)?;
+    cols.push(Arc::new(starting.finish()));
     for (j, v) in vals.into_iter().enumerate() {
         cols.push(hc.decode(j, v.into_iter())?);
     }
@@ -516,11 +534,11 @@ fn cast_to_schema(cols: Vec<ArrayRef>, schema: &SchemaRef) -> Result<RecordBatch
     Ok(RecordBatch::try_new(schema.clone(), cols)?)
 }
 
-/// Loads state-table batches of a history flow. An appending history
-/// (`History::appends`) keeps per key and sequence the row of the highest
-/// generation; otherwise per key the events of its highest generation.
-/// (A log written whole per key reads the same either way: a key's event
-/// set only grows, or is replaced at the same sequence.) Returns the
+/// Loads state-table batches of a history flow: per key, its rows from
+/// the latest generation that starts it (`COL_STARTS`), and of those the
+/// latest generation's row of each sequence. (A key's events only grow,
+/// or are replaced at the same sequence, but for a key forgotten when its
+/// tombstone was collected: put again, it starts anew.) Returns the
 /// number of rows read.
 pub fn load_history(
     flow: &Flow,
@@ -529,10 +547,13 @@ pub fn load_history(
     hist: &mut History,
     batches: &[RecordBatch],
 ) -> Result<usize> {
-    // Per key: its highest generation, and (generation, event) of its rows.
+    // Per key: the generation it starts at, and (generation, event) of its
+    // rows from there on.
     type Rows = (i64, Vec<(i64, Event)>);
-    let appends = hist.appends();
     let mut keys: HashMap<Box<[u8]>, Rows> = HashMap::new();
+    // A row written before the column: SCD Type 2 appended, the others
+    // wrote each touched key whole.
+    let unmarked_starts = !flow.scd2;
     let mut total = 0;
     for batch in batches {
         let k = codec.keys.convert_columns(&key_columns(flow, batch)?)?;
@@ -542,6 +563,18 @@ pub fn load_history(
         let del = column(batch, COL_DELETED_AT)?.as_primitive::<Int64Type>();
         let file = column(batch, COL_FILE)?.as_string::<i32>();
         let pos = column(batch, COL_POS)?.as_primitive::<Int64Type>();
+        let starts = batch
+            .column_by_name(COL_STARTS)
+            .map(|c| {
+                c.as_boolean_opt().ok_or_else(|| Error::State {
+                    code: codes::STATE_SCHEMA,
+                    message: format!(
+                        "state column `{COL_STARTS}` is {}, not boolean",
+                        c.data_type()
+                    ),
+                })
+            })
+            .transpose()?;
         let vals = hc
             .cols
             .iter()
@@ -574,18 +607,19 @@ pub fn load_history(
                 loc,
             );
             let gen_ = g.value(r);
-            let entry = keys
+            let starts = match starts {
+                Some(a) if a.is_valid(r) => a.value(r),
+                _ => unmarked_starts,
+            };
+            let (from, rows) = keys
                 .entry(k.row(r).data().into())
-                .or_insert_with(|| (gen_, Vec::new()));
-            if appends {
-                entry.1.push((gen_, event));
-                continue;
+                .or_insert_with(|| (i64::MIN, Vec::new()));
+            if starts && gen_ > *from {
+                *from = gen_;
+                rows.retain(|(g, _)| *g >= gen_);
             }
-            if gen_ > entry.0 {
-                *entry = (gen_, Vec::new());
-            }
-            if gen_ == entry.0 {
-                entry.1.push((gen_, event));
+            if gen_ >= *from {
+                rows.push((gen_, event));
             }
         }
     }

@@ -210,6 +210,9 @@ pub struct HistSim {
     target_arrow: arrow_schema::SchemaRef,
     pub now_ms: i64,
     pub stats: BatchStats,
+    /// The state log is written as autocdc wrote it before `__autocdc_starts`
+    /// (each touched key whole, the column null), until a restart.
+    legacy: bool,
 }
 
 impl HistSim {
@@ -220,12 +223,13 @@ impl HistSim {
             target_arrow: Arc::new(
                 iceberg::arrow::schema_to_arrow_schema(&flow.target_schema).unwrap(),
             ),
-            hist: History::new(flow.scd2),
+            hist: History::new(true),
             flow,
             log: Vec::new(),
             files: Vec::new(),
             now_ms: 1_000,
             stats: BatchStats::default(),
+            legacy: false,
         }
     }
 
@@ -291,35 +295,52 @@ impl HistSim {
     /// engine commits it (several batches may go in one commit).
     pub fn commit(&mut self) {
         let generation = self.log.len() as i64 + 1;
-        self.log.push(
-            state_table::history_to_batch(
-                &self.flow,
-                &self.codec,
-                &self.hc,
-                &self.hist,
-                self.hist.dirty(),
-                generation,
-                self.hist.appends(),
-            )
-            .unwrap(),
-        );
+        let mut delta = state_table::history_to_batch(
+            &self.flow,
+            &self.codec,
+            &self.hc,
+            &self.hist,
+            self.hist.dirty(),
+            generation,
+        )
+        .unwrap();
+        if self.legacy {
+            // As an old file reads in the evolved schema: the column null.
+            let at = delta.schema().index_of(state_table::COL_STARTS).unwrap();
+            let mut cols = delta.columns().to_vec();
+            cols[at] = arrow_array::new_null_array(cols[at].data_type(), delta.num_rows());
+            delta = RecordBatch::try_new(delta.schema(), cols).unwrap();
+        }
+        self.log.push(delta);
         self.hist.clear_dirty();
         self.hist.check_counts();
     }
 
-    /// Writes the state log as autocdc did before SCD Type 2 appended:
-    /// each commit rewrites a touched key's events whole. Restarts still
-    /// load it as the flow's own kind of log.
+    /// Writes the state log as autocdc did before it appended every
+    /// history's changes and marked where a key starts: each commit
+    /// rewrites a touched key's events whole, the mark null. The first
+    /// restart loads it as an upgraded engine does, which appends from
+    /// then on.
     pub fn writing_whole_keys(mut self) -> HistSim {
         self.hist = History::new(false);
+        self.legacy = true;
         self
+    }
+
+    /// Forgets the keys whose latest change is a delete applied before
+    /// `cutoff_ms` (`tombstone_gc`, as a commit does); returns how many.
+    pub fn gc(&mut self, cutoff_ms: i64) -> usize {
+        let n = self.hist.gc_tombstones(cutoff_ms);
+        self.hist.check_counts();
+        n
     }
 
     /// Loads the history back from the state log (every commit's delta),
     /// as a restarted engine does, and checks it is the one in memory.
     pub fn restart(&mut self) {
         assert_eq!(self.hist.dirty_len(), 0, "a restart follows a commit");
-        let mut fresh = History::new(self.flow.scd2);
+        let mut fresh = History::new(true);
+        self.legacy = false;
         // Same file ids as before: intern the paths in order.
         for (p, _) in &self.files {
             fresh.files.intern(p);
