@@ -15,8 +15,8 @@
 //! row per kept event instead: the same columns (`__autocdc_deleted_at_ms`
 //! set on deletes, `__autocdc_file` / `__autocdc_pos` on events that anchor a
 //! target row), `__autocdc_starts` and `__autocdc_val_<name>` per value
-//! column. Each commit appends the events that changed; a key whose first
-//! event changed (a new key, or one put again after its tombstone was
+//! column. Each commit appends the events that changed; a key made since
+//! the last commit (a new key, or one put again after its tombstone was
 //! collected) is written whole, its rows marked as starting it. Loading
 //! keeps, per key, its rows from the latest generation that starts it, and
 //! of those the latest row of each sequence.
