@@ -133,6 +133,27 @@ proptest! {
     }
 
     #[test]
+    fn scd1_ignoring_null_updates_a_long_history_of_one_key(
+        changes in long_changes(),
+        order_seed in any::<u64>(),
+        cuts in prop::collection::vec(any::<bool>(), 50),
+        restarts in prop::collection::vec(any::<bool>(), 50),
+        ties_error in any::<bool>(),
+    ) {
+        run(Shape { scd2: false, untracked_note: false, ignore_nulls: true, ties_error, city_only_nulls: false }, &changes, order_seed, &cuts, &restarts)?;
+    }
+
+    #[test]
+    fn scd2_ignoring_null_updates_a_long_history_of_one_key(
+        changes in long_changes(),
+        order_seed in any::<u64>(),
+        cuts in prop::collection::vec(any::<bool>(), 50),
+        restarts in prop::collection::vec(any::<bool>(), 50),
+    ) {
+        run(Shape { ignore_nulls: true, ..SCD2 }, &changes, order_seed, &cuts, &restarts)?;
+    }
+
+    #[test]
     fn scd2_any_order_and_batching_gives_the_oracle_history(
         changes in changes(),
         order_seed in any::<u64>(),

@@ -1471,22 +1471,29 @@ fn place_rows<'a>(
     Ok(events)
 }
 
-/// Where a key's fold may change when its first changed event is at
-/// `first` of `old`: the first event of the version open just before it
-/// (or `first` when none is). The versions that closed before are the
-/// same whatever follows, and folding `old[from..]` from nothing gives the
-/// rest of the key's versions, so a late change to a long history (a hot
-/// key of SCD Type 2) costs the events after it, not all of them.
+/// Where a key's events are folded again from when a batch's changes fall
+/// at `first` of `old` or later: the versions that closed before it are
+/// the same whatever follows, and folding `old[from..]` from nothing gives
+/// the rest of the key's versions, so a late change to a long history (a
+/// hot key) costs the events after `from`, not all of them.
 ///
-/// Only SCD Type 2 that ignores no nulls: a version's tracked values are
-/// then those of each of its events, so its start is found walking back.
-/// Otherwise 0 (a value merged under `ignore_null_updates` may come from
-/// any earlier event, and SCD Type 1's pruning reads the whole history).
+/// - SCD Type 2 that ignores no nulls: the first event of the version open
+///   just before `first` (or `first` when none is). A version's tracked
+///   values are those of each of its events, so its start is found walking
+///   back.
+/// - Otherwise (a value merged under `ignore_null_updates` may come from
+///   any earlier event of the key's life, and SCD Type 1's pruning reads
+///   back to the last delete): the last delete before `first`, where the
+///   fold and the pruning start afresh (0 when there is none). No change of
+///   the batch can tie it: each one's sequence is above `old[first - 1]`'s.
 fn refold_from(hc: &HistCodec, old: &[Event], first: usize) -> usize {
-    if !hc.scd2 || hc.prune || hc.ignore_nulls.contains(&true) || first == 0 {
+    if first == 0 {
         return 0;
     }
     let first = first.min(old.len());
+    if !hc.scd2 || hc.prune || hc.ignore_nulls.contains(&true) {
+        return old[..first].iter().rposition(Event::is_delete).unwrap_or(0);
+    }
     if old[first - 1].is_delete() {
         return first;
     }
