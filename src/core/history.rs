@@ -560,12 +560,6 @@ pub struct History {
     /// every event of the state.
     live: usize,
     held: usize,
-    /// The state log only appends: each commit writes the events that
-    /// changed, and a key's events are the latest row of each sequence
-    /// from its latest row that starts the key (`dirty`). Otherwise each
-    /// commit writes a touched key's events whole, as autocdc did before
-    /// (kept to write such logs in tests).
-    appends: bool,
     /// At most the delete time of every key whose latest event is a delete
     /// (none: no such key), so `gc_tombstones` costs nothing while none can
     /// have expired; exact after each of its scans.
@@ -588,12 +582,9 @@ struct Slot {
 }
 
 impl History {
-    /// An empty history; `appends`: see the field.
-    pub fn new(appends: bool) -> History {
-        History {
-            appends,
-            ..History::default()
-        }
+    /// An empty history.
+    pub fn new() -> History {
+        History::default()
     }
 
     /// The slot of `key`.
@@ -791,14 +782,13 @@ impl History {
     /// - `starts`: every event of the key, each written, marked as where
     ///   the key's events start (rows of earlier commits are not the
     ///   key's): a key whose slot was made since the last commit (new, or
-    ///   put again after its tombstone was collected), and every key of a
-    ///   history that does not append.
+    ///   put again after its tombstone was collected).
     /// - otherwise its events from its first changed event on, of which
     ///   the changed are written: the key's other events are in the log.
     pub fn dirty(&self) -> impl Iterator<Item = (&[u8], &[Event], bool)> + '_ {
         self.dirty.iter().map(|d| {
             let s = &self.slots[d.slot as usize];
-            let starts = !self.appends || d.slot >= self.new_from;
+            let starts = d.slot >= self.new_from;
             let from = if starts { 0 } else { d.first as usize };
             (&*s.key, &s.events[from..], starts)
         })
@@ -1847,7 +1837,7 @@ mod tests {
 
     #[test]
     fn tombstones_expire_by_their_delete_time_whatever_was_written_since() {
-        let mut h = History::new(false);
+        let mut h = History::new();
         let del = |seq, t| ev(seq, b"", Some(t), None);
         h.put(
             None,
@@ -1982,7 +1972,7 @@ mod tests {
 
     #[test]
     fn put_marks_only_what_differs_and_gc_keeps_every_other_key_findable() {
-        let mut h = History::new(false);
+        let mut h = History::new();
         let loc = |pos| Some(Loc { file: 0, pos });
         for k in 0u8..6 {
             let deleted = (k % 2 == 0).then_some(10);

@@ -87,7 +87,7 @@ impl FlowState {
         Ok(if flow.keeps_history() {
             FlowState::History {
                 codec: HistCodec::new(flow)?,
-                events: History::new(true),
+                events: History::new(),
             }
         } else {
             FlowState::Keys(KeyIndex::new())

@@ -18,7 +18,7 @@ use crate::table::compact;
 /// between wakes no one (apache/iceberg-rust#2859, merged after 0.10.1;
 /// its equality-delete path has the same shape). A scan that yields no
 /// batch for this long is dropped and started again.
-pub const READ_STALL: Duration = Duration::from_secs(30);
+const READ_STALL: Duration = Duration::from_secs(30);
 
 /// Scans with iceberg-rust's reader before autocdc's own reads the table.
 const READ_ATTEMPTS: u32 = 2;

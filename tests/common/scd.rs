@@ -223,7 +223,7 @@ impl HistSim {
             target_arrow: Arc::new(
                 iceberg::arrow::schema_to_arrow_schema(&flow.target_schema).unwrap(),
             ),
-            hist: History::new(true),
+            hist: History::new(),
             flow,
             log: Vec::new(),
             files: Vec::new(),
@@ -295,12 +295,22 @@ impl HistSim {
     /// engine commits it (several batches may go in one commit).
     pub fn commit(&mut self) {
         let generation = self.log.len() as i64 + 1;
+        let hist = &self.hist;
+        // The old format wrote every event of each touched key.
+        let legacy = self.legacy;
+        let keys: Vec<_> = hist
+            .dirty()
+            .map(|(key, events, starts)| match legacy {
+                true => (key, hist.get(key).unwrap(), true),
+                false => (key, events, starts),
+            })
+            .collect();
         let mut delta = state_table::history_to_batch(
             &self.flow,
             &self.codec,
             &self.hc,
-            &self.hist,
-            self.hist.dirty(),
+            hist,
+            keys.into_iter(),
             generation,
         )
         .unwrap();
@@ -322,7 +332,6 @@ impl HistSim {
     /// restart loads it as an upgraded engine does, which appends from
     /// then on.
     pub fn writing_whole_keys(mut self) -> HistSim {
-        self.hist = History::new(false);
         self.legacy = true;
         self
     }
@@ -339,7 +348,7 @@ impl HistSim {
     /// as a restarted engine does, and checks it is the one in memory.
     pub fn restart(&mut self) {
         assert_eq!(self.hist.dirty_len(), 0, "a restart follows a commit");
-        let mut fresh = History::new(true);
+        let mut fresh = History::new();
         self.legacy = false;
         // Same file ids as before: intern the paths in order.
         for (p, _) in &self.files {
