@@ -794,6 +794,75 @@ fn the_state_log_is_compacted_and_reloads_exactly() {
     });
 }
 
+/// A commit of more keys than `STATE_SPLIT_ENTRIES` (32,768) builds its
+/// state rows on two threads and writes them as two files of one state
+/// snapshot; a restart reads both, for SCD Type 1 and both history kinds.
+#[test]
+fn a_large_commit_writes_its_state_as_two_files_that_reload_exactly() {
+    let partial = scd::Shape {
+        scd2: false,
+        untracked_note: false,
+        ignore_nulls: true,
+        ties_error: false,
+        city_only_nulls: false,
+    };
+    let plain = scd::Shape {
+        scd2: false,
+        ignore_nulls: false,
+        ..partial
+    };
+    let two_cores = std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
+    for (shape, target) in [
+        (scd::SCD2, "split.people_scd2"),
+        (partial, "split.people_partial"),
+        (plain, "split.people_scd1"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let flow = scd::people(shape, target);
+        let n = 40_000i64;
+        let first: Vec<scd::PEv> = (0..n).map(|k| scd::up(k, "a", "n1", 10)).collect();
+        let second: Vec<scd::PEv> = (0..n)
+            .map(|k| match k % 5 {
+                0 => scd::del(k, 20),
+                1 => (k, false, Some("b"), None, 20),
+                _ => scd::up(k, "b", "n2", 20 + k % 3),
+            })
+            .collect();
+        let third = vec![
+            scd::up(1, "c", "n3", 30),
+            scd::del(2, 30),
+            scd::up(5, "back", "n4", 30),
+            scd::up(6, "late", "n0", 15),
+        ];
+        let arrow: Vec<RecordBatch> = [&first, &second, &first, &third]
+            .iter()
+            .map(|b| scd::people_batch(&flow, b))
+            .collect();
+        rt().block_on(async {
+            let mut engine = open(tmp.path(), &flow).await;
+            for (i, b) in arrow[..2].iter().enumerate() {
+                engine.apply(b, i as i64).await.unwrap();
+                let state = engine.state_table().metadata.current_snapshot().unwrap();
+                let added = state
+                    .summary()
+                    .additional_properties
+                    .get("added-data-files");
+                let want = if two_cores { "2" } else { "1" };
+                assert_eq!(added.map(String::as_str), Some(want), "{target} commit {i}");
+            }
+            // A restart reads both files of each commit: the old changes
+            // are known, the positions of the rows right.
+            let mut engine = open(tmp.path(), &flow).await;
+            assert_eq!(engine.summary().keys, n as usize, "{target}");
+            engine.apply(&arrow[2], 2).await.unwrap();
+            engine.apply(&arrow[3], 3).await.unwrap();
+            let engine = open(tmp.path(), &flow).await;
+            let expected = scd::people_oracle(shape, &flow, &arrow);
+            assert_eq!(table_rows(&engine).await, expected, "{target}");
+        });
+    }
+}
+
 /// A nested-column flow definition: `scd` type, `address` of `address`
 /// type and `extra` columns before `seq`.
 fn nested_definition(target: &str, scd: u8, address: &str, extra: &str) -> Flow {

@@ -794,6 +794,11 @@ impl History {
         })
     }
 
+    /// The keys the next state commit writes rows of (unless whole).
+    pub fn dirty_keys(&self) -> usize {
+        self.dirty.len()
+    }
+
     /// The rows the next state commit writes (unless whole).
     pub fn dirty_len(&self) -> usize {
         self.dirty()

@@ -284,7 +284,8 @@ impl Drop for DataWrite {
 
 /// The state table's file for one batch, written and not yet committed.
 struct StateFile {
-    file: Option<DataFile>,
+    /// None, one or (a large delta) two files.
+    files: Vec<DataFile>,
     rows: u64,
     generation: i64,
     /// The file holds every entry (it replaces the state log).
@@ -1433,7 +1434,7 @@ impl Engine {
         data: Vec<DataFile>,
         deletes: Vec<(i32, DataFile)>,
         rewrite: Rewrite,
-        delta: RecordBatch,
+        delta: Vec<RecordBatch>,
         generation: i64,
         whole: bool,
         now_ms: i64,
@@ -2110,7 +2111,7 @@ impl Engine {
     /// all of them when `whole`) and commits them.
     async fn commit_state(
         &mut self,
-        delta: RecordBatch,
+        delta: Vec<RecordBatch>,
         generation: i64,
         whole: bool,
         now_ms: i64,
@@ -2125,27 +2126,29 @@ impl Engine {
     /// Writes the state table's file for a commit.
     async fn state_file(
         &mut self,
-        delta: RecordBatch,
+        delta: Vec<RecordBatch>,
         generation: i64,
         whole: bool,
     ) -> Result<StateFile> {
         let smeta = self.state_tbl.metadata.clone();
-        let delta = state_table::conform(
-            &delta,
-            Arc::new(schema_to_arrow_schema(smeta.current_schema())?),
-        )?;
+        let schema = Arc::new(schema_to_arrow_schema(smeta.current_schema())?);
+        let parts = delta
+            .iter()
+            .map(|part| state_table::conform(part, schema.clone()))
+            .collect::<Result<Vec<_>>>()?;
+        let rows = parts.iter().map(|p| p.num_rows() as u64).sum();
         let mut snamer = FileNamer::new(smeta.location());
-        let file = write::single_data_file(
+        let files = write::state_files(
             self.catalog.file_io(),
             &mut snamer,
             smeta.current_schema().clone(),
             smeta.default_partition_spec_id(),
-            &delta,
+            parts,
         )
         .await?;
         Ok(StateFile {
-            file,
-            rows: delta.num_rows() as u64,
+            files,
+            rows,
             generation,
             whole,
         })
@@ -2159,7 +2162,7 @@ impl Engine {
     ) -> std::result::Result<StateCommit, Failure> {
         self.faults.hit(FaultPoint::AfterStateFile)?;
         let StateFile {
-            file,
+            files,
             rows: delta_rows,
             generation,
             whole: compacted,
@@ -2168,7 +2171,7 @@ impl Engine {
             self.catalog.file_io(),
             &self.state_tbl,
             RowDelta {
-                data: file.into_iter().collect(),
+                data: files,
                 deletes: Vec::new(),
                 base_snapshot: self.state_snapshot,
                 replace: compacted,

@@ -14,7 +14,7 @@ use arrow_select::take::take;
 use crate::core::flow::Flow;
 use crate::core::history::{self, Folding, HistCodec, History};
 use crate::core::resolve::{self, BatchStats, Codec, Join, Resolution};
-use crate::core::state::{FileTable, KeyIndex, Loc, Value, hash_key};
+use crate::core::state::{EntryRef, FileTable, KeyIndex, Loc, Value, hash_key};
 use crate::error::{Error, Result, codes};
 use crate::table::state_table;
 
@@ -319,31 +319,49 @@ impl FlowState {
     }
 
     /// The rows of the state table for this commit: the changed entries, or
-    /// every entry when `whole`.
+    /// every entry when `whole`, in one part or, when there are many, in
+    /// two built on two threads (each becomes its own file, written at
+    /// once). A key's rows are all in one part.
     pub fn delta(
         &self,
         flow: &Flow,
         codec: &Codec,
         generation: i64,
         whole: bool,
-    ) -> Result<RecordBatch> {
+    ) -> Result<Vec<RecordBatch>> {
         match self {
-            FlowState::Keys(index) if whole => {
-                state_table::to_batch(flow, codec, index, index.iter(), generation)
-            }
             FlowState::Keys(index) => {
-                state_table::to_batch(flow, codec, index, index.dirty(), generation)
+                let n = if whole {
+                    index.len()
+                } else {
+                    index.dirty_len()
+                };
+                halves(n, |skip, take| {
+                    let entries: Box<dyn Iterator<Item = EntryRef<'_>>> = if whole {
+                        Box::new(index.iter())
+                    } else {
+                        Box::new(index.dirty())
+                    };
+                    let entries = entries.skip(skip).take(take);
+                    state_table::to_batch(flow, codec, index, entries, generation)
+                })
             }
-            FlowState::History { codec: hc, events } if whole => state_table::history_to_batch(
-                flow,
-                codec,
-                hc,
-                events,
-                events.iter().map(|(k, e)| (k, e, true)),
-                generation,
-            ),
             FlowState::History { codec: hc, events } => {
-                state_table::history_to_batch(flow, codec, hc, events, events.dirty(), generation)
+                let n = if whole {
+                    events.len()
+                } else {
+                    events.dirty_keys()
+                };
+                halves(n, |skip, take| {
+                    let keys: Box<dyn Iterator<Item = (&[u8], &[history::Event], bool)>> = if whole
+                    {
+                        Box::new(events.iter().map(|(k, e)| (k, e, true)))
+                    } else {
+                        Box::new(events.dirty())
+                    };
+                    let keys = keys.skip(skip).take(take);
+                    state_table::history_to_batch(flow, codec, hc, events, keys, generation)
+                })
             }
         }
     }
@@ -367,11 +385,38 @@ const SPLIT_ROWS: usize = 8192;
 /// `--small-batch` 10000 and 8000, interleaved); 100k-event batches gain.
 const HISTORY_SPLIT_ROWS: usize = 32_768;
 
+/// A state delta of at least this many entries (keys) is built in two
+/// halves on two threads and written as two files at once. Below it a
+/// thread and a file cost more than they save; a small commit (hundreds of
+/// events) writes one file, as before.
+const STATE_SPLIT_ENTRIES: usize = 32_768;
+
+/// The machine's cores.
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// Whether `batch` is resolved on two threads.
 fn two_threads(batch: &RecordBatch, split_rows: usize) -> bool {
-    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    cores >= 2 && batch.num_rows() >= split_rows
+    cores() >= 2 && batch.num_rows() >= split_rows
+}
+
+/// The state rows of `n` entries: `part(skip, take)` builds those of the
+/// entries from `skip` on, at most `take` of them. One part below
+/// `STATE_SPLIT_ENTRIES` (or on one core), else two halves on two
+/// threads. The last part takes every entry left, so none is lost if `n`
+/// is short.
+fn halves(
+    n: usize,
+    part: impl Fn(usize, usize) -> Result<RecordBatch> + Sync,
+) -> Result<Vec<RecordBatch>> {
+    if n < STATE_SPLIT_ENTRIES || cores() < 2 {
+        return Ok(vec![part(0, usize::MAX)?]);
+    }
+    let half = n / 2;
+    let (first, second) = Threads.join(|| part(0, half), || part(half, usize::MAX));
+    Ok(vec![first?, second?])
 }
 
 /// The resolver's two pieces of work on two threads (scoped: a panic in

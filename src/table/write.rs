@@ -470,6 +470,36 @@ pub async fn equality_delete_file(
     ))
 }
 
+/// Writes each non-empty batch as its own file, all at once (the state
+/// table's parts of one commit).
+pub async fn state_files(
+    file_io: &FileIO,
+    namer: &mut FileNamer,
+    schema: SchemaRef,
+    spec_id: i32,
+    parts: Vec<RecordBatch>,
+) -> Result<Vec<DataFile>> {
+    let mut parts: Vec<RecordBatch> = parts.into_iter().filter(|b| b.num_rows() > 0).collect();
+    if parts.len() <= 1 {
+        let Some(part) = parts.pop() else {
+            return Ok(Vec::new());
+        };
+        return Ok(single_data_file(file_io, namer, schema, spec_id, &part)
+            .await?
+            .into_iter()
+            .collect());
+    }
+    let files = parts
+        .into_iter()
+        .map(|rows| PlannedFile {
+            path: namer.next("state"),
+            partition: Struct::empty(),
+            rows,
+        })
+        .collect();
+    write_layout(file_io, schema, spec_id, files).await
+}
+
 /// Writes a whole batch as one file (used for the state table).
 pub async fn single_data_file(
     file_io: &FileIO,
