@@ -573,12 +573,12 @@ async fn refresh(config: &Path, full: bool, history: bool, flow: &str) -> Result
     Ok(())
 }
 
-fn progress(len: u64) -> ProgressBar {
+fn progress(len: u64, what: &str) -> ProgressBar {
     let pb = ProgressBar::new(len);
     pb.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} batches {msg}",
-        )
+        ProgressStyle::with_template(&format!(
+            "{{spinner}} [{{elapsed_precise}}] {{bar:30}} {{pos}}/{{len}} {what} {{msg}}"
+        ))
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     pb
@@ -639,59 +639,154 @@ async fn apply_snapshot(
     Ok(())
 }
 
+/// A batch of `InputFiles` and its name, or the file that could not be read.
+type Next = std::result::Result<(String, RecordBatch), (String, Error)>;
+
+/// The input of `autocdc apply`, batch by batch: each file is read on a
+/// blocking thread while the batch before it is applied, one file ahead.
+/// So memory holds at most two files' rows (and, with `--batch-rows`, a
+/// batch's remainder), never the whole input, and reading overlaps the
+/// commits.
+struct InputFiles {
+    flow: Arc<Flow>,
+    files: std::collections::VecDeque<PathBuf>,
+    /// The next file, being read.
+    ahead: Option<(PathBuf, tokio::task::JoinHandle<Result<RecordBatch>>)>,
+    /// `--batch-rows`: the batches re-cut to this many rows.
+    batch_rows: Option<usize>,
+    /// Rows read but not yet in a batch (`--batch-rows`), and the input
+    /// row the first of them is.
+    carry: Option<RecordBatch>,
+    carry_at: usize,
+    /// Files whose rows were taken so far.
+    read: u64,
+}
+
+impl InputFiles {
+    fn new(flow: &Flow, files: &[PathBuf], batch_rows: Option<usize>) -> InputFiles {
+        let mut input = InputFiles {
+            flow: Arc::new(flow.clone()),
+            files: files.iter().cloned().collect(),
+            ahead: None,
+            batch_rows,
+            carry: None,
+            carry_at: 0,
+            read: 0,
+        };
+        input.read_ahead();
+        input
+    }
+
+    fn read_ahead(&mut self) {
+        self.ahead = self.files.pop_front().map(|path| {
+            let (flow, p) = (self.flow.clone(), path.clone());
+            let task = tokio::task::spawn_blocking(move || input::read_file(&flow, &p));
+            (path, task)
+        });
+    }
+
+    /// The next file's name and rows (reading the one after it meanwhile).
+    async fn next_file(&mut self) -> Option<Next> {
+        let (path, task) = self.ahead.take()?;
+        self.read_ahead();
+        self.read += 1;
+        let name = path.display().to_string();
+        Some(match task.await {
+            Ok(Ok(b)) => Ok((name, b)),
+            Ok(Err(e)) => Err((name, e)),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => {
+                let e = Error::Config(format!("reading {name} stopped: {e}"));
+                Err((name, e))
+            }
+        })
+    }
+
+    /// The next batch and its name: a file's rows, or with `--batch-rows`
+    /// the next `n` rows of the input (the last batch may hold fewer).
+    /// Err: the file that could not be read, and why.
+    async fn next(&mut self) -> Option<Next> {
+        let Some(n) = self.batch_rows else {
+            return self.next_file().await;
+        };
+        loop {
+            let held = self.carry.as_ref().map_or(0, RecordBatch::num_rows);
+            if held >= n || (held > 0 && self.ahead.is_none()) {
+                let carry = self.carry.take()?;
+                let take = n.min(held);
+                let name = format!("rows {}..", self.carry_at);
+                self.carry = (held > take).then(|| carry.slice(take, held - take));
+                self.carry_at += take;
+                return Some(Ok((name, carry.slice(0, take))));
+            }
+            let (name, b) = match self.next_file().await? {
+                Ok(file) => file,
+                Err(unread) => return Some(Err(unread)),
+            };
+            self.carry = Some(match self.carry.take() {
+                Some(c) => {
+                    match arrow_select::concat::concat_batches(&self.flow.source_arrow, [&c, &b]) {
+                        Ok(joined) => joined,
+                        Err(e) => return Some(Err((name, e.into()))),
+                    }
+                }
+                None => b,
+            });
+        }
+    }
+}
+
 async fn apply_files(
     catalog: &CatalogConfig,
     flow: Flow,
     files: &[PathBuf],
     batch_rows: Option<usize>,
 ) -> Result<()> {
+    if batch_rows == Some(0) {
+        return Err(Error::Config("--batch-rows must be at least 1".into()));
+    }
     let catalog = open_catalog(catalog)?;
     let mut engine = Engine::open(flow.clone(), catalog, Arc::new(Faults::default())).await?;
-    let mut batches: Vec<(String, RecordBatch)> = Vec::new();
-    for f in files {
-        batches.push((f.display().to_string(), input::read_file(&flow, f)?));
-    }
-    if let Some(n) = batch_rows {
-        if n == 0 {
-            return Err(Error::Config("--batch-rows must be at least 1".into()));
-        }
-        let all = arrow_select::concat::concat_batches(
-            &flow.source_arrow,
-            batches.iter().map(|(_, b)| b),
-        )?;
-        batches = (0..all.num_rows())
-            .step_by(n)
-            .map(|s| {
-                (
-                    format!("rows {s}.."),
-                    all.slice(s, n.min(all.num_rows() - s)),
-                )
-            })
-            .collect();
-    }
-    let pb = progress(batches.len() as u64);
+    let mut input = InputFiles::new(&flow, files, batch_rows);
+    // Without `--batch-rows` a file is a batch, so the count is known.
+    let of = match batch_rows {
+        None => format!("/{}", files.len()),
+        Some(_) => String::new(),
+    };
+    let pb = progress(files.len() as u64, "files");
     let mut total = BatchStats::default();
     let started = Instant::now();
-    for (i, (name, b)) in batches.iter().enumerate() {
+    let mut applied = 0;
+    while let Some(next) = input.next().await {
+        let i = applied;
         let t = Instant::now();
-        let r = match engine.apply(b, now_ms()).await {
-            Ok(r) => r,
-            Err(e) => {
+        let (name, b) = match next {
+            Ok(batch) => batch,
+            Err((file, e)) => {
                 pb.finish_and_clear();
                 eprintln!(
-                    "batch {}/{} {name} was not applied; earlier batches committed: {i} (re-running the same files is safe: applied changes resolve as duplicates)",
-                    i + 1,
-                    batches.len()
+                    "{file} could not be read; earlier batches committed: {i} (re-running the same files is safe: applied changes resolve as duplicates)"
                 );
                 return Err(e);
             }
         };
+        let r = match engine.apply(&b, now_ms()).await {
+            Ok(r) => r,
+            Err(e) => {
+                pb.finish_and_clear();
+                eprintln!(
+                    "batch {}{of} {name} was not applied; earlier batches committed: {i} (re-running the same files is safe: applied changes resolve as duplicates)",
+                    i + 1,
+                );
+                return Err(e);
+            }
+        };
+        applied += 1;
         total.add(&r.stats);
         pb.suspend(|| {
             println!(
-                "batch {}/{} {name}: {} files={} delete_files={} snapshot={} ({:.0} ms)",
+                "batch {}{of} {name}: {} files={} delete_files={} snapshot={} ({:.0} ms)",
                 i + 1,
-                batches.len(),
                 stats_line(&r.stats),
                 r.data_files,
                 r.delete_files,
@@ -701,13 +796,12 @@ async fn apply_files(
                 t.elapsed().as_secs_f64() * 1e3
             )
         });
-        pb.inc(1);
+        pb.set_position(input.read);
     }
     pb.finish_and_clear();
     let s = engine.summary();
     println!(
-        "applied {} batches in {:.2} s: {}; table {} has {} live keys, {} tombstones",
-        batches.len(),
+        "applied {applied} batches in {:.2} s: {}; table {} has {} live keys, {} tombstones",
         started.elapsed().as_secs_f64(),
         stats_line(&total),
         flow.target,
@@ -828,7 +922,7 @@ async fn demo(warehouse: &str, orders: usize, batches: usize, seed: u64) -> Resu
     let mut engine =
         Engine::open(flow.clone(), catalog.clone(), Arc::new(Faults::default())).await?;
     let key = flow.key_idx[0];
-    let pb = progress(feed.len() as u64);
+    let pb = progress(feed.len() as u64, "batches");
     let mut total = BatchStats::default();
     let mut null_keys = 0usize;
     let mut applied: Vec<RecordBatch> = Vec::new();
@@ -921,4 +1015,114 @@ fn describe(s: &gk::GenStats) -> String {
         "{} events for {} orders: {} cancelled, {} late, {} duplicates, {} with a null order_id",
         s.events, s.orders, s.cancelled_orders, s.late_events, s.duplicates, s.null_key_events
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::Int64Array;
+
+    fn flow() -> Flow {
+        Flow::new(gk::changes_flow("t", "t.events").unwrap()).unwrap()
+    }
+
+    /// Writes NDJSON files of `rows` change rows each, ids counting on
+    /// across the files; returns their paths.
+    fn files(dir: &Path, rows: &[usize]) -> Vec<PathBuf> {
+        let mut id = 0;
+        rows.iter()
+            .enumerate()
+            .map(|(f, &n)| {
+                let path = dir.join(format!("part-{f}.ndjson"));
+                let body: String = (0..n)
+                    .map(|_| {
+                        id += 1;
+                        format!("{{\"id\": {id}, \"seq\": {id}, \"op\": \"UPSERT\"}}\n")
+                    })
+                    .collect();
+                std::fs::write(&path, body).unwrap();
+                path
+            })
+            .collect()
+    }
+
+    fn ids(b: &RecordBatch) -> Vec<i64> {
+        let c = b.column_by_name("id").unwrap();
+        c.as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .values()
+            .to_vec()
+    }
+
+    /// Every batch of `input`, or the file that could not be read.
+    async fn drain(mut input: InputFiles) -> (Vec<(String, Vec<i64>)>, Option<(String, Error)>) {
+        let mut out = Vec::new();
+        while let Some(next) = input.next().await {
+            match next {
+                Ok((name, b)) => out.push((name, ids(&b))),
+                Err(unread) => return (out, Some(unread)),
+            }
+        }
+        (out, None)
+    }
+
+    #[tokio::test]
+    async fn each_file_is_a_batch_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = files(dir.path(), &[3, 1, 2]);
+        let (got, unread) = drain(InputFiles::new(&flow(), &paths, None)).await;
+        assert!(unread.is_none());
+        let want: Vec<(String, Vec<i64>)> = vec![
+            (paths[0].display().to_string(), vec![1, 2, 3]),
+            (paths[1].display().to_string(), vec![4]),
+            (paths[2].display().to_string(), vec![5, 6]),
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[tokio::test]
+    async fn batch_rows_cut_the_input_across_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = files(dir.path(), &[3, 1, 5, 0, 2]);
+        let (got, unread) = drain(InputFiles::new(&flow(), &paths, Some(4))).await;
+        assert!(unread.is_none());
+        let want: Vec<(String, Vec<i64>)> = vec![
+            ("rows 0..".into(), vec![1, 2, 3, 4]),
+            ("rows 4..".into(), vec![5, 6, 7, 8]),
+            ("rows 8..".into(), vec![9, 10, 11]),
+        ];
+        assert_eq!(got, want);
+        // One row per batch, and more rows per batch than the input has.
+        let (got, _) = drain(InputFiles::new(&flow(), &paths, Some(1))).await;
+        assert_eq!(got.len(), 11);
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(i, (_, ids))| ids == &[i as i64 + 1])
+        );
+        let (got, _) = drain(InputFiles::new(&flow(), &paths, Some(100))).await;
+        assert_eq!(got, vec![("rows 0..".to_string(), (1..=11).collect())]);
+    }
+
+    #[tokio::test]
+    async fn a_file_that_cannot_be_read_comes_after_the_batches_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut paths = files(dir.path(), &[2, 2]);
+        let bad = dir.path().join("bad.ndjson");
+        std::fs::write(&bad, "{\"id\": 1\n").unwrap();
+        paths.insert(1, bad.clone());
+        for batch_rows in [None, Some(1)] {
+            let (got, unread) = drain(InputFiles::new(&flow(), &paths, batch_rows)).await;
+            let ids: Vec<i64> = got.iter().flat_map(|(_, ids)| ids.clone()).collect();
+            assert_eq!(ids, vec![1, 2], "{batch_rows:?}");
+            let (file, e) = unread.expect("the bad file is an error");
+            assert_eq!(file, bad.display().to_string());
+            assert!(e.to_string().contains("MALFORMED"), "{e}");
+        }
+        let missing = vec![dir.path().join("missing.ndjson")];
+        let (got, unread) = drain(InputFiles::new(&flow(), &missing, None)).await;
+        assert!(got.is_empty());
+        assert!(unread.unwrap().1.to_string().contains("cannot open"));
+    }
 }
