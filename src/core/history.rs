@@ -786,7 +786,18 @@ impl History {
     /// - otherwise its events from its first changed event on, of which
     ///   the changed are written: the key's other events are in the log.
     pub fn dirty(&self) -> impl Iterator<Item = (&[u8], &[Event], bool)> + '_ {
-        self.dirty.iter().map(|d| {
+        self.dirty_part(0, usize::MAX)
+    }
+
+    /// Those of `dirty` from the `skip`th key on, at most `take` keys: the
+    /// skipped ones are not read.
+    pub fn dirty_part(
+        &self,
+        skip: usize,
+        take: usize,
+    ) -> impl Iterator<Item = (&[u8], &[Event], bool)> + '_ {
+        let list = self.dirty.get(skip..).unwrap_or_default();
+        list.iter().take(take).map(|d| {
             let s = &self.slots[d.slot as usize];
             let starts = d.slot >= self.new_from;
             let from = if starts { 0 } else { d.first as usize };

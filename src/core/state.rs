@@ -592,7 +592,16 @@ impl KeyIndex {
 
     /// Entries changed since the last `clear_dirty`.
     pub fn dirty(&self) -> impl Iterator<Item = EntryRef<'_>> + '_ {
-        self.dirty.iter().map(|&i| self.entry(i, self.slots.get(i)))
+        self.dirty_part(0, usize::MAX)
+    }
+
+    /// Those of `dirty` from the `skip`th on, at most `take`: the skipped
+    /// ones are not read.
+    pub fn dirty_part(&self, skip: usize, take: usize) -> impl Iterator<Item = EntryRef<'_>> + '_ {
+        let list = self.dirty.get(skip..).unwrap_or_default();
+        list.iter()
+            .take(take)
+            .map(|&i| self.entry(i, self.slots.get(i)))
     }
 
     pub fn dirty_len(&self) -> usize {

@@ -338,11 +338,10 @@ impl FlowState {
                 };
                 halves(n, |skip, take| {
                     let entries: Box<dyn Iterator<Item = EntryRef<'_>>> = if whole {
-                        Box::new(index.iter())
+                        Box::new(index.iter().skip(skip).take(take))
                     } else {
-                        Box::new(index.dirty())
+                        Box::new(index.dirty_part(skip, take))
                     };
-                    let entries = entries.skip(skip).take(take);
                     state_table::to_batch(flow, codec, index, entries, generation)
                 })
             }
@@ -355,11 +354,11 @@ impl FlowState {
                 halves(n, |skip, take| {
                     let keys: Box<dyn Iterator<Item = (&[u8], &[history::Event], bool)>> = if whole
                     {
-                        Box::new(events.iter().map(|(k, e)| (k, e, true)))
+                        let all = events.iter().skip(skip).take(take);
+                        Box::new(all.map(|(k, e)| (k, e, true)))
                     } else {
-                        Box::new(events.dirty())
+                        Box::new(events.dirty_part(skip, take))
                     };
-                    let keys = keys.skip(skip).take(take);
                     state_table::history_to_batch(flow, codec, hc, events, keys, generation)
                 })
             }
