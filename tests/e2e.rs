@@ -860,7 +860,42 @@ fn a_large_commit_writes_its_state_as_two_files_that_reload_exactly() {
             let expected = scd::people_oracle(shape, &flow, &arrow);
             assert_eq!(table_rows(&engine).await, expected, "{target}");
         });
+        // Only autocdc reads the state table, whole: its files carry no
+        // column statistics; the target's data files do, for readers.
+        let (mut state, mut data) = (0, 0);
+        for path in parquet_files(tmp.path()) {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let file = std::fs::File::open(&path).unwrap();
+            let reader = parquet::file::reader::SerializedFileReader::new(file).unwrap();
+            let meta = parquet::file::reader::FileReader::metadata(&reader);
+            let chunks = || meta.row_groups().iter().flat_map(|g| g.columns());
+            if name.contains("-state-") {
+                state += 1;
+                assert!(chunks().all(|c| c.statistics().is_none()), "{name}");
+            } else if name.contains("-data-") {
+                data += 1;
+                assert!(chunks().all(|c| c.statistics().is_some()), "{name}");
+            }
+        }
+        assert!(
+            state >= 4 && data >= 3,
+            "{target}: {state} state, {data} data files"
+        );
     }
+}
+
+/// Every Parquet file under `dir`.
+fn parquet_files(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.is_dir() {
+            out.extend(parquet_files(&path));
+        } else if path.extension().is_some_and(|x| x == "parquet") {
+            out.push(path);
+        }
+    }
+    out
 }
 
 /// A nested-column flow definition: `scd` type, `address` of `address`

@@ -30,7 +30,7 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 use crate::core::flow::{END_AT, Flow, START_AT, TiePolicy};
 use crate::core::nested;
 use crate::core::resolve::{
-    BatchStats, Codec, SameSequence, mask, required_null, same_sequence, validate,
+    BatchStats, Codec, Join, SameSequence, mask, required_null, same_sequence, validate,
 };
 use crate::core::state::{FileTable, Loc, hash_key};
 use crate::error::{Error, Result, codes};
@@ -634,56 +634,54 @@ impl History {
     /// checked before it is used.
     ///
     /// A key is dirty (listed once in `dirty`) while it has a changed event.
-    pub fn put(&mut self, hint: Option<u32>, key: Box<[u8]>, from: usize, mut events: Vec<Event>) {
+    pub fn put(&mut self, hint: Option<u32>, key: Box<[u8]>, from: usize, events: Vec<Event>) {
         debug_assert!(events.windows(2).all(|w| w[0].seq() < w[1].seq()));
-        let slot = hint
-            .filter(|&i| self.slots.get(i as usize).is_some_and(|s| s.key == key))
-            .or_else(|| self.slot(&key));
-        self.events += events.len();
-        self.held += events.iter().map(Event::bytes).sum::<usize>();
-        let (i, first, kept) = match slot {
+        match self.hinted(hint, &key).or_else(|| self.slot(&key)) {
             Some(i) => {
-                let s = &mut self.slots[i as usize];
-                debug_assert!(from <= s.events.len(), "a plan applies to its history");
-                let from = from.min(s.events.len());
-                self.live -= is_live(&s.events) as usize;
-                self.held -= s.events[from..].iter().map(Event::bytes).sum::<usize>();
-                mark_changed(&s.events[from..], &mut events);
-                // The events before `from` are as they were: one of them
-                // changed only in a slot already dirty.
-                let first = events.iter().position(Event::changed).map(|j| from + j);
-                self.events -= s.events.len() - from;
-                let mut kept = std::mem::take(&mut s.events).into_vec();
-                kept.truncate(from);
-                kept.reserve_exact(events.len());
-                kept.extend(events);
-                s.events = kept.into_boxed_slice();
-                debug_assert!(s.events.windows(2).all(|w| w[0].seq() < w[1].seq()));
-                (i, first, from)
+                let put = replace(&mut self.slots[i as usize], from, events);
+                self.count_put(i, put);
             }
-            None => {
-                debug_assert_eq!(from, 0, "a new key has no events before");
-                events.iter_mut().for_each(|e| e.set_changed(true));
-                let first = (!events.is_empty()).then_some(0);
-                let i = u32::try_from(self.slots.len()).expect("fewer than 2^32 keys");
-                self.held += key.len();
-                self.slots.push(Slot {
-                    key,
-                    events: events.into_boxed_slice(),
-                });
-                index_slot(&mut self.table, &self.slots, i);
-                (i, first, 0)
-            }
+            None => self.put_new(key, from, events),
+        }
+    }
+
+    /// `hint` when it is the slot of `key`.
+    fn hinted(&self, hint: Option<u32>, key: &[u8]) -> Option<u32> {
+        hint.filter(|&i| self.slots.get(i as usize).is_some_and(|s| *s.key == *key))
+    }
+
+    /// `put` for a key with no slot: a new slot with every event changed.
+    fn put_new(&mut self, key: Box<[u8]>, from: usize, mut events: Vec<Event>) {
+        debug_assert_eq!(from, 0, "a new key has no events before");
+        events.iter_mut().for_each(|e| e.set_changed(true));
+        let first = (!events.is_empty()).then_some(0);
+        let i = u32::try_from(self.slots.len()).expect("fewer than 2^32 keys");
+        let put = Put {
+            events: events.len() as isize,
+            held: (key.len() + events.iter().map(Event::bytes).sum::<usize>()) as isize,
+            live: is_live(&events) as isize,
+            tombstone_ms: events.last().and_then(Event::deleted_at_ms),
+            first,
+            kept: 0,
         };
-        self.live += is_live(&self.slots[i as usize].events) as usize;
-        if let Some(t) = self.slots[i as usize]
-            .events
-            .last()
-            .and_then(Event::deleted_at_ms)
-        {
+        self.slots.push(Slot {
+            key,
+            events: events.into_boxed_slice(),
+        });
+        index_slot(&mut self.table, &self.slots, i);
+        self.count_put(i, put);
+    }
+
+    /// Takes in what `replace` (or `put_new`) did to slot `i`: the counts,
+    /// the oldest tombstone, the dirty list.
+    fn count_put(&mut self, i: u32, put: Put) {
+        self.events = self.events.wrapping_add_signed(put.events);
+        self.held = self.held.wrapping_add_signed(put.held);
+        self.live = self.live.wrapping_add_signed(put.live);
+        if let Some(t) = put.tombstone_ms {
             self.oldest_tombstone_ms = Some(self.oldest_tombstone_ms.map_or(t, |o| o.min(t)));
         }
-        self.mark_dirty(i, first, kept);
+        self.mark_dirty(i, put.first, put.kept);
     }
 
     /// Lists `slot` as dirty once an event of it changed, `first` the
@@ -965,6 +963,51 @@ fn index_slot(table: &mut HashTable<u32>, slots: &[Slot], i: u32) {
     table.insert_unique(hash_key(&slots[i as usize].key), i, |&j| {
         hash_key(&slots[j as usize].key)
     });
+}
+
+/// What `replace` did to a slot, for the history's counts (`count_put`):
+/// the change in events, bytes held and live keys; the key's delete time
+/// if its latest event is a delete; the first changed event (None: none)
+/// and how many events before it are as they were.
+#[derive(Debug, Clone, Copy)]
+struct Put {
+    events: isize,
+    held: isize,
+    live: isize,
+    tombstone_ms: Option<i64>,
+    first: Option<usize>,
+    kept: usize,
+}
+
+/// Replaces the events of slot `s` from index `from` on with `events`
+/// (sorted by sequence, after those before `from`); each event that
+/// differs from the one it replaces (or is new) is marked changed. Touches
+/// only `s`: slots are replaced on two threads (`apply`).
+fn replace(s: &mut Slot, from: usize, mut events: Vec<Event>) -> Put {
+    debug_assert!(from <= s.events.len(), "a plan applies to its history");
+    let from = from.min(s.events.len());
+    let live_was = is_live(&s.events) as isize;
+    let held_was = s.events[from..].iter().map(Event::bytes).sum::<usize>() as isize;
+    let held_now = events.iter().map(Event::bytes).sum::<usize>() as isize;
+    mark_changed(&s.events[from..], &mut events);
+    // The events before `from` are as they were: one of them changed only
+    // in a slot already dirty.
+    let first = events.iter().position(Event::changed).map(|j| from + j);
+    let count = events.len() as isize - (s.events.len() - from) as isize;
+    let mut kept = std::mem::take(&mut s.events).into_vec();
+    kept.truncate(from);
+    kept.reserve_exact(events.len());
+    kept.extend(events);
+    s.events = kept.into_boxed_slice();
+    debug_assert!(s.events.windows(2).all(|w| w[0].seq() < w[1].seq()));
+    Put {
+        events: count,
+        held: held_now - held_was,
+        live: is_live(&s.events) as isize - live_was,
+        tombstone_ms: s.events.last().and_then(Event::deleted_at_ms),
+        first,
+        kept: from,
+    }
 }
 
 /// Marks each of `new` changed that is not in `old` as it is there (both
@@ -1745,16 +1788,113 @@ fn check_required(flow: &Flow, hc: &HistCodec, keys: &Rows, inserts: &[OutRow]) 
     Ok(())
 }
 
+/// Plans of at least this many keys are applied on two threads.
+const APPLY_SPLIT_KEYS: usize = 16_384;
+
 /// Moves the history forward once the inserts are written: `locs[ordinal]`
 /// is where insert `ordinal` landed.
-pub fn apply(hist: &mut History, plan: Plan, locs: &[Loc]) {
+///
+/// A plan of many keys is applied by `join`'s two threads, each replacing
+/// the events of the keys in one half of the slots (the slots are split
+/// where half the plan's keys fall below); freeing the plan's target rows
+/// goes with the first. The counts and the dirty list are then taken in, in
+/// the plan's order, with the keys new to the history, so the history is
+/// the one applying the plan key by key gives.
+pub fn apply(hist: &mut History, plan: Plan, locs: &[Loc], join: &impl Join) {
     debug_assert_eq!(locs.len(), plan.inserts.len());
-    for mut c in plan.changes {
+    let Plan {
+        inserts,
+        remove_rows,
+        mut changes,
+        ..
+    } = plan;
+    for c in &mut changes {
         for &(at, ordinal) in &c.pending {
             c.events[at].set_loc(Some(locs[ordinal as usize]));
         }
-        hist.put(c.slot, c.key, c.from, c.events);
     }
+    let n = hist.slots.len();
+    let hinted = |c: &KeyChange| c.slot.filter(|&i| (i as usize) < n);
+    let mut known: Vec<u32> = changes.iter().filter_map(hinted).collect();
+    if known.len() < APPLY_SPLIT_KEYS {
+        drop((inserts, remove_rows));
+        for c in changes {
+            hist.put(c.slot, c.key, c.from, c.events);
+        }
+        return;
+    }
+    let half = known.len() / 2;
+    let mid = *known.select_nth_unstable(half).1;
+    drop(known);
+    // Each key in plan order: its place in its half, or (not a slot's) put after.
+    let mut sides: [Vec<(usize, KeyChange)>; 2] = [Vec::new(), Vec::new()];
+    let mut rest = Vec::new();
+    for (j, c) in changes.into_iter().enumerate() {
+        match hinted(&c) {
+            Some(i) => sides[(i >= mid) as usize].push((j, c)),
+            None => rest.push((j, c)),
+        }
+    }
+    let [low, high] = sides;
+    let (lo, hi) = hist.slots.split_at_mut(mid as usize);
+    // A key whose hint is not its slot comes back, put after.
+    let side = |slots: &mut [Slot], base: u32, keys: Vec<(usize, KeyChange)>| {
+        let mut done = Vec::with_capacity(keys.len());
+        let mut back = Vec::new();
+        for (j, c) in keys {
+            let i = c.slot.expect("a hinted key") - base;
+            let s = &mut slots[i as usize];
+            if *s.key == *c.key {
+                done.push((j, base + i, replace(s, c.from, c.events)));
+            } else {
+                back.push((j, c));
+            }
+        }
+        (done, back)
+    };
+    let ((done_lo, back_lo), (done_hi, back_hi)) = join.join(
+        || {
+            drop((inserts, remove_rows));
+            side(lo, 0, low)
+        },
+        || side(hi, mid, high),
+    );
+    rest.extend(back_lo);
+    rest.extend(back_hi);
+    rest.sort_unstable_by_key(|r| r.0);
+    let mut rest = rest.into_iter().peekable();
+    let mut done = merge_by_key(done_lo, done_hi, |d| d.0);
+    loop {
+        let next_done = done.peek().map(|d| d.0);
+        let next_rest = rest.peek().map(|r| r.0);
+        let done_first = match (next_done, next_rest) {
+            (None, None) => break,
+            (Some(d), r) => r.is_none_or(|r| d < r),
+            (None, Some(_)) => false,
+        };
+        if done_first {
+            let (_, i, put) = done.next().expect("peeked");
+            hist.count_put(i, put);
+        } else {
+            let (_, c) = rest.next().expect("peeked");
+            hist.put(c.slot, c.key, c.from, c.events);
+        }
+    }
+}
+
+/// Two lists sorted by `key`, merged.
+fn merge_by_key<T>(
+    a: Vec<T>,
+    b: Vec<T>,
+    key: impl Fn(&T) -> usize,
+) -> std::iter::Peekable<impl Iterator<Item = T>> {
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) if key(y) < key(x) => b.next(),
+        (Some(_), _) => a.next(),
+        (None, _) => b.next(),
+    })
+    .peekable()
 }
 
 /// `rows` as a batch of the target (`schema`: the target's Arrow schema).
@@ -2053,6 +2193,116 @@ mod tests {
         assert_eq!(dirty, [&[1u8][..], &[3u8][..]]);
         h.put(None, vec![2].into(), 0, vec![ev(4, b"c", None, None)]);
         assert_eq!((h.len(), h.dirty().count()), (4, 3));
+    }
+
+    #[test]
+    fn a_large_plan_applied_by_halves_of_the_slots_is_the_plan_applied_key_by_key() {
+        use super::{APPLY_SPLIT_KEYS, KeyChange, Plan, apply};
+        // The core starts no thread: the split path runs the same with
+        // `Sequential` (the engine's e2e tests run it on two threads).
+        use crate::core::resolve::Sequential;
+        let key = |k: u32| -> Box<[u8]> { k.to_be_bytes().into() };
+        let loc = |pos| Some(Loc { file: 0, pos });
+        let n = 3 * APPLY_SPLIT_KEYS as u32;
+        let mut h = History::new();
+        for k in 0..n {
+            let deleted = (k % 7 == 0).then_some(5);
+            h.put(
+                None,
+                key(k),
+                0,
+                vec![ev(1, b"a", None, loc(k)), ev(2, b"b", deleted, None)],
+            );
+        }
+        // Slots of keys put since a commit are written whole: commit first,
+        // then dirty a few slots so the plan meets listed ones too.
+        h.clear_dirty();
+        for k in (0..n).step_by(101) {
+            let slot = h.slot(&key(k));
+            h.put(slot, key(k), 1, vec![ev(2, b"c", None, None)]);
+        }
+        // Every other key from event 1 on: the same event (nothing changes),
+        // one more, a new value, or a delete; a pending location; new keys;
+        // hints that name another key's slot.
+        let plan = |h: &History| -> Plan {
+            let mut changes = Vec::new();
+            let mut ordinal = 0;
+            for k in (0..n + 500).step_by(2) {
+                let mut pending = Vec::new();
+                let events = match k % 5 {
+                    _ if k >= n => vec![ev(1, b"new", None, None)],
+                    0 => vec![ev(2, b"b", (k % 7 == 0).then_some(5), None)],
+                    1 => vec![ev(2, b"b", None, None), ev(3, b"c", None, None)],
+                    2 => {
+                        pending.push((0, ordinal));
+                        ordinal += 1;
+                        vec![ev(2, b"z", None, None)]
+                    }
+                    3 => vec![ev(2, b"", Some(9), None)],
+                    _ => vec![ev(2, b"b", None, None), ev(4, b"", Some(9), None)],
+                };
+                let slot = match h.slot(&key(k)) {
+                    Some(s) if k % 11 == 0 => Some((s + 1) % n),
+                    s => s,
+                };
+                let from = if k >= n { 0 } else { 1 };
+                changes.push(KeyChange {
+                    slot,
+                    key: key(k),
+                    from,
+                    events,
+                    pending,
+                });
+            }
+            // A target row per pending location (their contents are not read).
+            let inserts = (0..ordinal)
+                .map(|o| super::OutRow {
+                    key: key(o),
+                    vals: Vals::new([&b"r"[..]].into_iter()),
+                    start: None,
+                    end: None,
+                })
+                .collect();
+            Plan {
+                changes,
+                inserts,
+                ..Default::default()
+            }
+        };
+        let p = plan(&h);
+        let locs: Vec<Loc> = (0..p.changes.iter().map(|c| c.pending.len()).sum::<usize>() as u32)
+            .map(|pos| Loc { file: 1, pos })
+            .collect();
+        let mut by_key = h.clone();
+        for mut c in plan(&h).changes {
+            for &(at, o) in &c.pending {
+                c.events[at].set_loc(Some(locs[o as usize]));
+            }
+            by_key.put(c.slot, c.key, c.from, c.events);
+        }
+        let mut split = h.clone();
+        apply(&mut split, p, &locs, &Sequential);
+        split.check_counts();
+        by_key.check_counts();
+        assert!(split.iter().eq(by_key.iter()), "the same keys and events");
+        assert!(split.dirty().eq(by_key.dirty()), "the same dirty list");
+        assert_eq!(
+            (
+                split.len(),
+                split.events(),
+                split.live(),
+                split.heap_bytes()
+            ),
+            (
+                by_key.len(),
+                by_key.events(),
+                by_key.live(),
+                by_key.heap_bytes()
+            )
+        );
+        assert_eq!(split.gc_tombstones(10), by_key.gc_tombstones(10));
+        assert!(split.iter().eq(by_key.iter()), "the same tombstones expire");
+        assert_ne!(split.len(), h.len(), "the plan changed the history");
     }
 
     #[test]

@@ -2062,7 +2062,14 @@ impl Engine {
         let data = {
             let file_io = file_io.clone();
             DataWrite(tokio::spawn(async move {
-                write::write_layout(&file_io, schema, spec_id, layout.files).await
+                write::write_layout(
+                    &file_io,
+                    schema,
+                    spec_id,
+                    layout.files,
+                    write::FileUse::Table,
+                )
+                .await
             }))
         };
         let deletes = self

@@ -296,7 +296,11 @@ impl FlowState {
                 index.gc_tombstones(cutoff_ms)
             }
             (FlowState::History { events, .. }, Plan::History(p)) => {
-                history::apply(events, p, locs);
+                if cores() >= 2 {
+                    history::apply(events, p, locs, &Threads);
+                } else {
+                    history::apply(events, p, locs, &resolve::Sequential);
+                }
                 // SCD Type 2 keeps a deleted key's history.
                 if flow.scd2 {
                     0

@@ -24,7 +24,7 @@ use iceberg::spec::{
 };
 use iceberg::writer::file_writer::{FileWriter, FileWriterBuilder, ParquetWriterBuilder};
 use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use uuid::Uuid;
 
@@ -34,11 +34,29 @@ use crate::error::{Error, Result, codes};
 const ROW_GROUP_ROWS: usize = 1 << 20;
 const MAX_FILE_ROWS: usize = 1 << 30;
 
+/// What a file is written for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileUse {
+    /// A file of a table others read (the target, its delete files):
+    /// column statistics, by which readers skip files and pages.
+    Table,
+    /// A file of a state table: only autocdc reads it, always whole
+    /// (`read_state`), so it carries no statistics. Comparing every value
+    /// for each page's and chunk's bounds was half of its string columns'
+    /// encoding.
+    State,
+}
+
 /// zstd; dictionary encoding only for string columns (where values repeat:
 /// statuses, file paths). Hashing every integer into a dictionary costs more
 /// than it saves for keys and sequences, which are mostly distinct.
-pub fn props(schema: &Schema) -> WriterProperties {
+pub fn props(schema: &Schema, used: FileUse) -> WriterProperties {
+    let stats = match used {
+        FileUse::Table => EnabledStatistics::Page,
+        FileUse::State => EnabledStatistics::None,
+    };
     let mut b = WriterProperties::builder()
+        .set_statistics_enabled(stats)
         .set_compression(Compression::ZSTD(
             ZstdLevel::try_new(1).expect("valid zstd level"),
         ))
@@ -185,8 +203,9 @@ async fn write_parquet(
     path: String,
     schema: SchemaRef,
     batches: &[RecordBatch],
+    used: FileUse,
 ) -> Result<iceberg::spec::DataFileBuilder> {
-    let mut w = ParquetWriterBuilder::new(props(&schema), schema)
+    let mut w = ParquetWriterBuilder::new(props(&schema, used), schema)
         .build(file_io.new_output(path.clone())?)
         .await?;
     for b in batches {
@@ -296,12 +315,13 @@ pub async fn write_layout(
     schema: SchemaRef,
     spec_id: i32,
     files: Vec<PlannedFile>,
+    used: FileUse,
 ) -> Result<Vec<DataFile>> {
     use futures::StreamExt;
     let tasks = files.into_iter().map(|f| {
         let (file_io, schema) = (file_io.clone(), schema.clone());
         let task = tokio::spawn(async move {
-            write_parquet(&file_io, f.path, schema, &[f.rows])
+            write_parquet(&file_io, f.path, schema, &[f.rows], used)
                 .await?
                 .partition_spec_id(spec_id)
                 .partition(f.partition)
@@ -341,7 +361,7 @@ pub async fn data_files(
 ) -> Result<Written> {
     let Layout { files, locs } = layout(namer, partitioner, batch, target_bytes)?;
     Ok(Written {
-        files: write_layout(file_io, schema, spec_id, files).await?,
+        files: write_layout(file_io, schema, spec_id, files, FileUse::Table).await?,
         locs,
     })
 }
@@ -404,7 +424,14 @@ pub async fn position_delete_file(
     let paths = StringArray::from_iter_values(deletes.iter().map(|d| d.0));
     let pos = Int64Array::from_iter_values(deletes.iter().map(|d| d.1 as i64));
     let batch = RecordBatch::try_new(arrow, vec![Arc::new(paths), Arc::new(pos)])?;
-    let mut b = write_parquet(file_io, namer.next_in(dir, "pos-deletes"), schema, &[batch]).await?;
+    let mut b = write_parquet(
+        file_io,
+        namer.next_in(dir, "pos-deletes"),
+        schema,
+        &[batch],
+        FileUse::Table,
+    )
+    .await?;
     Ok(Some(
         b.content(DataContentType::PositionDeletes)
             .partition_spec_id(spec_id)
@@ -459,7 +486,14 @@ pub async fn equality_delete_file(
         })
         .collect::<Result<Vec<_>>>()?;
     let batch = RecordBatch::try_new(arrow, cols)?;
-    let mut b = write_parquet(file_io, namer.next_in(dir, "eq-deletes"), schema, &[batch]).await?;
+    let mut b = write_parquet(
+        file_io,
+        namer.next_in(dir, "eq-deletes"),
+        schema,
+        &[batch],
+        FileUse::Table,
+    )
+    .await?;
     Ok(Some(
         b.content(DataContentType::EqualityDeletes)
             .equality_ids(Some(ids))
@@ -497,7 +531,7 @@ pub async fn state_files(
             rows,
         })
         .collect();
-    write_layout(file_io, schema, spec_id, files).await
+    write_layout(file_io, schema, spec_id, files, FileUse::State).await
 }
 
 /// Writes a whole batch as one file (used for the state table).
@@ -516,6 +550,7 @@ pub async fn single_data_file(
         namer.next("state"),
         schema,
         std::slice::from_ref(batch),
+        FileUse::State,
     )
     .await?;
     Ok(Some(

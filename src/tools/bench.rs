@@ -117,7 +117,8 @@ fn kind_flow(target: &str, kind: &str, partition_by: &[String]) -> Result<Flow> 
 /// The honest limit on this machine: the seconds to write `batch` to one
 /// Parquet file with the engine's data-file settings (best of 3).
 fn parquet_floor(flow: &Flow, batch: &RecordBatch, dir: &Path) -> Result<f64> {
-    let props = crate::table::write::props(&flow.target_schema);
+    let props =
+        crate::table::write::props(&flow.target_schema, crate::table::write::FileUse::Table);
     let path = dir.join("floor.parquet");
     let mut best = f64::MAX;
     for _ in 0..3 {

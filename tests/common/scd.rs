@@ -277,7 +277,12 @@ impl HistSim {
         self.files
             .push((path, rows.into_iter().map(Some).collect()));
         let stats = plan.stats;
-        history::apply(&mut self.hist, plan, &locs);
+        history::apply(
+            &mut self.hist,
+            plan,
+            &locs,
+            &autocdc::core::resolve::Sequential,
+        );
         self.hist.check_counts();
         self.stats.add(&stats);
         self.now_ms += 1;
