@@ -1829,6 +1829,7 @@ pub fn apply(hist: &mut History, plan: Plan, locs: &[Loc], join: &impl Join) {
     // Each key in plan order: its place in its half, or (not a slot's) put after.
     let mut sides: [Vec<(usize, KeyChange)>; 2] = [Vec::new(), Vec::new()];
     let mut rest = Vec::new();
+    let total = changes.len();
     for (j, c) in changes.into_iter().enumerate() {
         match hinted(&c) {
             Some(i) => sides[(i >= mid) as usize].push((j, c)),
@@ -1859,42 +1860,28 @@ pub fn apply(hist: &mut History, plan: Plan, locs: &[Loc], join: &impl Join) {
         },
         || side(hi, mid, high),
     );
-    rest.extend(back_lo);
-    rest.extend(back_hi);
-    rest.sort_unstable_by_key(|r| r.0);
-    let mut rest = rest.into_iter().peekable();
-    let mut done = merge_by_key(done_lo, done_hi, |d| d.0);
-    loop {
-        let next_done = done.peek().map(|d| d.0);
-        let next_rest = rest.peek().map(|r| r.0);
-        let done_first = match (next_done, next_rest) {
-            (None, None) => break,
-            (Some(d), r) => r.is_none_or(|r| d < r),
-            (None, Some(_)) => false,
-        };
-        if done_first {
-            let (_, i, put) = done.next().expect("peeked");
-            hist.count_put(i, put);
-        } else {
-            let (_, c) = rest.next().expect("peeked");
-            hist.put(c.slot, c.key, c.from, c.events);
+    // Taken in in plan order: each key's step at its place in the plan.
+    let mut steps: Vec<Option<Step>> = std::iter::repeat_with(|| None).take(total).collect();
+    for (j, i, put) in done_lo.into_iter().chain(done_hi) {
+        steps[j] = Some(Step::Replaced(i, put));
+    }
+    for (j, c) in rest.into_iter().chain(back_lo).chain(back_hi) {
+        steps[j] = Some(Step::Put(c));
+    }
+    for step in steps.into_iter().flatten() {
+        match step {
+            Step::Replaced(i, put) => hist.count_put(i, put),
+            Step::Put(c) => hist.put(c.slot, c.key, c.from, c.events),
         }
     }
 }
 
-/// Two lists sorted by `key`, merged.
-fn merge_by_key<T>(
-    a: Vec<T>,
-    b: Vec<T>,
-    key: impl Fn(&T) -> usize,
-) -> std::iter::Peekable<impl Iterator<Item = T>> {
-    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
-    std::iter::from_fn(move || match (a.peek(), b.peek()) {
-        (Some(x), Some(y)) if key(y) < key(x) => b.next(),
-        (Some(_), _) => a.next(),
-        (None, _) => b.next(),
-    })
-    .peekable()
+/// What `apply` takes in for one key of a plan split in two: slot `i`,
+/// replaced on a thread, or a key to put (new to the history, or whose
+/// hint was not its slot).
+enum Step {
+    Replaced(u32, Put),
+    Put(KeyChange),
 }
 
 /// `rows` as a batch of the target (`schema`: the target's Arrow schema).
