@@ -32,7 +32,7 @@ use crate::core::nested;
 use crate::core::resolve::{
     BatchStats, Codec, Join, SameSequence, mask, required_null, same_sequence, validate,
 };
-use crate::core::state::{FileTable, Loc, hash_key};
+use crate::core::state::{FileTable, LOOKUP_AHEAD, Loc, hash_key, prefetch};
 use crate::error::{Error, Result, codes};
 
 /// Encoders for single values of the flow's value columns (the target
@@ -602,6 +602,48 @@ impl History {
 
     pub fn get(&self, key: &[u8]) -> Option<&[Event]> {
         self.slot(key).map(|i| &*self.slots[i as usize].events)
+    }
+
+    /// Reading a key's events is a chain of cache misses (its slot, then
+    /// its key and list of events, then each event); a walk over keys in
+    /// no order of their slots asks for each link some keys ahead, so the
+    /// misses of several keys overlap. These start loading one link
+    /// without waiting for it (`state::prefetch`); none changes anything.
+    ///
+    /// Link 1: the slot of any key whose hash looks like `hash`.
+    #[inline]
+    pub fn prefetch_slot_of(&self, hash: u64) {
+        let _ = self.table.find(hash, |&i| {
+            prefetch(&self.slots[i as usize]);
+            false
+        });
+    }
+
+    /// Link 2: the key and the event list of the slots link 1 loaded.
+    #[inline]
+    pub fn prefetch_key_of(&self, hash: u64) {
+        let _ = self.table.find(hash, |&i| {
+            self.prefetch_lists(i);
+            false
+        });
+    }
+
+    /// Link 2 for a known slot `i`, having loaded the slot itself.
+    #[inline]
+    pub fn prefetch_lists(&self, i: u32) {
+        if let Some(s) = self.slots.get(i as usize) {
+            prefetch(&*s.key);
+            prefetch(&*s.events);
+        }
+    }
+
+    /// Link 3: the last events of slot `i` (its list loaded by link 2):
+    /// a batch reads and changes a key's latest events, mostly.
+    #[inline]
+    pub fn prefetch_events(&self, i: u32) {
+        if let Some(s) = self.slots.get(i as usize) {
+            prefetch_tail(&s.events);
+        }
     }
 
     /// The events of `slot` (from `slot`).
@@ -1267,12 +1309,22 @@ pub fn resolve(
     let groups = rows_by_key(&keys);
     // Every key's slot first, in a loop of lookups only, so the cache
     // misses of one key's lookup overlap the next's.
-    let slots: Vec<Option<u32>> = groups
-        .keys
-        .iter()
-        .map(|g| hist.slot_hashed(g.hash, g.key))
+    let ahead = |n: usize| groups.keys.get(n).map(|g| g.hash);
+    let slots: Vec<Option<u32>> = (groups.keys.iter().enumerate())
+        .map(|(n, g)| {
+            if let Some(h) = ahead(n + 2 * LOOKUP_AHEAD) {
+                hist.prefetch_slot_of(h);
+            }
+            if let Some(h) = ahead(n + LOOKUP_AHEAD) {
+                hist.prefetch_key_of(h);
+            }
+            hist.slot_hashed(g.hash, g.key)
+        })
         .collect();
-    for (g, slot) in groups.keys.iter().zip(slots) {
+    for (n, (g, &slot)) in groups.keys.iter().zip(&slots).enumerate() {
+        if let Some(&Some(s)) = slots.get(n + KEY_AHEAD) {
+            hist.prefetch_events(s);
+        }
         let (key, rows) = (g.key, &groups.rows[g.rows.clone()]);
         let whole: &[Event] = slot.map_or(&[], |i| hist.at(i));
         // Where each row goes among the key's events: found in sequence
@@ -1818,7 +1870,9 @@ pub fn apply(hist: &mut History, plan: Plan, locs: &[Loc], join: &impl Join) {
     let mut known: Vec<u32> = changes.iter().filter_map(hinted).collect();
     if known.len() < APPLY_SPLIT_KEYS {
         drop((inserts, remove_rows));
-        for c in changes {
+        let hints: Vec<Option<u32>> = changes.iter().map(|c| c.slot).collect();
+        for (j, c) in changes.into_iter().enumerate() {
+            prefetch_ahead(hist, &hints, j);
             hist.put(c.slot, c.key, c.from, c.events);
         }
         return;
@@ -1842,7 +1896,21 @@ pub fn apply(hist: &mut History, plan: Plan, locs: &[Loc], join: &impl Join) {
     let side = |slots: &mut [Slot], base: u32, keys: Vec<(usize, KeyChange)>| {
         let mut done = Vec::with_capacity(keys.len());
         let mut back = Vec::new();
-        for (j, c) in keys {
+        let hints: Vec<u32> = keys
+            .iter()
+            .map(|(_, c)| c.slot.expect("hinted") - base)
+            .collect();
+        for (n, (j, c)) in keys.into_iter().enumerate() {
+            if let Some(&i) = hints.get(n + 3 * KEY_AHEAD) {
+                prefetch(&slots[i as usize]);
+            }
+            if let Some(s) = hints.get(n + 2 * KEY_AHEAD).map(|&i| &slots[i as usize]) {
+                prefetch(&*s.key);
+                prefetch(&*s.events);
+            }
+            if let Some(s) = hints.get(n + KEY_AHEAD).map(|&i| &slots[i as usize]) {
+                prefetch_tail(&s.events);
+            }
             let i = c.slot.expect("a hinted key") - base;
             let s = &mut slots[i as usize];
             if *s.key == *c.key {
@@ -1873,6 +1941,36 @@ pub fn apply(hist: &mut History, plan: Plan, locs: &[Loc], join: &impl Join) {
             Step::Replaced(i, put) => hist.count_put(i, put),
             Step::Put(c) => hist.put(c.slot, c.key, c.from, c.events),
         }
+    }
+}
+
+/// How many keys ahead the walks that read each key's events whole
+/// (`resolve`, `apply`) ask for them: each key is a few microseconds of
+/// work, so a few keys hide a miss.
+const KEY_AHEAD: usize = 4;
+
+/// At most this many of a key's last events are prefetched: a hot key's
+/// long history is not read whole by a batch.
+const EVENTS_AHEAD: usize = 8;
+
+fn prefetch_tail(events: &[Event]) {
+    let tail = &events[events.len().saturating_sub(EVENTS_AHEAD)..];
+    tail.iter().for_each(|e| prefetch(&*e.data));
+}
+
+/// `put` of the `j`th hint of a plan is next: the links of the keys after it.
+fn prefetch_ahead(hist: &History, hints: &[Option<u32>], j: usize) {
+    if let Some(s) = hints
+        .get(j + 3 * KEY_AHEAD)
+        .and_then(|&i| hist.slots.get(i? as usize))
+    {
+        prefetch(s);
+    }
+    if let Some(&Some(i)) = hints.get(j + 2 * KEY_AHEAD) {
+        hist.prefetch_lists(i);
+    }
+    if let Some(&Some(i)) = hints.get(j + KEY_AHEAD) {
+        hist.prefetch_events(i);
     }
 }
 

@@ -19,7 +19,7 @@ use serde::Serialize;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::core::flow::{Flow, TiePolicy};
-use crate::core::state::{EntryRef, KeyIndex, Loc, Value, eq_bytes, hash_key};
+use crate::core::state::{EntryRef, KeyIndex, LOOKUP_AHEAD, Loc, Value, eq_bytes, hash_key};
 use crate::error::{Error, Result, codes};
 
 /// Row encoders for one flow: keys, sequences and whole changes.
@@ -642,7 +642,10 @@ impl BatchRows<'_> {
         let mut stats = BatchStats::default();
         let rows = self.winners(half, &mut stats)?;
         let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
+        for (n, &r) in rows.iter().enumerate() {
+            if let Some(&ahead) = rows.get(n + LOOKUP_AHEAD) {
+                self.state.prefetch(self.hashes[ahead as usize]);
+            }
             let i = r as usize;
             let current = self
                 .state
@@ -767,7 +770,13 @@ fn against_state(
 /// is where insert `ordinal` landed. `now_ms` stamps new tombstones.
 pub fn apply(state: &mut KeyIndex, res: &Resolution, locs: &[Loc], now_ms: i64) {
     debug_assert_eq!(locs.len(), res.inserts.len());
-    for c in &res.changes {
+    for (n, c) in res.changes.iter().enumerate() {
+        if let Some(ahead) = res.changes.get(n + LOOKUP_AHEAD) {
+            match ahead.slot {
+                Some(slot) => state.prefetch_slot(slot),
+                None => state.prefetch(res.hashes[ahead.row as usize]),
+            }
+        }
         let i = c.row as usize;
         let value = match c.kind {
             ChangeKind::Upsert { ordinal } => Value::Live(Some(locs[ordinal as usize])),
