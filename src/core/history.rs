@@ -623,27 +623,9 @@ impl History {
     #[inline]
     pub fn prefetch_key_of(&self, hash: u64) {
         let _ = self.table.find(hash, |&i| {
-            self.prefetch_lists(i);
+            prefetch_lists(&self.slots[i as usize]);
             false
         });
-    }
-
-    /// Link 2 for a known slot `i`, having loaded the slot itself.
-    #[inline]
-    pub fn prefetch_lists(&self, i: u32) {
-        if let Some(s) = self.slots.get(i as usize) {
-            prefetch(&*s.key);
-            prefetch(&*s.events);
-        }
-    }
-
-    /// Link 3: the last events of slot `i` (its list loaded by link 2):
-    /// a batch reads and changes a key's latest events, mostly.
-    #[inline]
-    pub fn prefetch_events(&self, i: u32) {
-        if let Some(s) = self.slots.get(i as usize) {
-            prefetch_tail(&s.events);
-        }
     }
 
     /// The events of `slot` (from `slot`).
@@ -1322,9 +1304,7 @@ pub fn resolve(
         })
         .collect();
     for (n, (g, &slot)) in groups.keys.iter().zip(&slots).enumerate() {
-        if let Some(&Some(s)) = slots.get(n + KEY_AHEAD) {
-            hist.prefetch_events(s);
-        }
+        prefetch_ahead(&hist.slots, |m| slots.get(m).copied().flatten(), n);
         let (key, rows) = (g.key, &groups.rows[g.rows.clone()]);
         let whole: &[Event] = slot.map_or(&[], |i| hist.at(i));
         // Where each row goes among the key's events: found in sequence
@@ -1872,7 +1852,7 @@ pub fn apply(hist: &mut History, plan: Plan, locs: &[Loc], join: &impl Join) {
         drop((inserts, remove_rows));
         let hints: Vec<Option<u32>> = changes.iter().map(|c| c.slot).collect();
         for (j, c) in changes.into_iter().enumerate() {
-            prefetch_ahead(hist, &hints, j);
+            prefetch_ahead(&hist.slots, |m| hints.get(m).copied().flatten(), j);
             hist.put(c.slot, c.key, c.from, c.events);
         }
         return;
@@ -1901,16 +1881,7 @@ pub fn apply(hist: &mut History, plan: Plan, locs: &[Loc], join: &impl Join) {
             .map(|(_, c)| c.slot.expect("hinted") - base)
             .collect();
         for (n, (j, c)) in keys.into_iter().enumerate() {
-            if let Some(&i) = hints.get(n + 3 * KEY_AHEAD) {
-                prefetch(&slots[i as usize]);
-            }
-            if let Some(s) = hints.get(n + 2 * KEY_AHEAD).map(|&i| &slots[i as usize]) {
-                prefetch(&*s.key);
-                prefetch(&*s.events);
-            }
-            if let Some(s) = hints.get(n + KEY_AHEAD).map(|&i| &slots[i as usize]) {
-                prefetch_tail(&s.events);
-            }
+            prefetch_ahead(slots, |m| hints.get(m).copied(), n);
             let i = c.slot.expect("a hinted key") - base;
             let s = &mut slots[i as usize];
             if *s.key == *c.key {
@@ -1953,25 +1924,29 @@ const KEY_AHEAD: usize = 4;
 /// long history is not read whole by a batch.
 const EVENTS_AHEAD: usize = 8;
 
-fn prefetch_tail(events: &[Event]) {
-    let tail = &events[events.len().saturating_sub(EVENTS_AHEAD)..];
-    tail.iter().for_each(|e| prefetch(&*e.data));
-}
-
-/// `put` of the `j`th hint of a plan is next: the links of the keys after it.
-fn prefetch_ahead(hist: &History, hints: &[Option<u32>], j: usize) {
-    if let Some(s) = hints
-        .get(j + 3 * KEY_AHEAD)
-        .and_then(|&i| hist.slots.get(i? as usize))
-    {
+/// A walk over keys (`slot(m)`: the slot of its `m`th key, if it has one)
+/// is at its `n`th: ask for the links (`History::prefetch_slot_of`) of the
+/// keys after it, each link a few keys before it is needed.
+fn prefetch_ahead(slots: &[Slot], slot: impl Fn(usize) -> Option<u32>, n: usize) {
+    let at = |m: usize| slot(m).and_then(|i| slots.get(i as usize));
+    if let Some(s) = at(n + 3 * KEY_AHEAD) {
         prefetch(s);
     }
-    if let Some(&Some(i)) = hints.get(j + 2 * KEY_AHEAD) {
-        hist.prefetch_lists(i);
+    if let Some(s) = at(n + 2 * KEY_AHEAD) {
+        prefetch_lists(s);
     }
-    if let Some(&Some(i)) = hints.get(j + KEY_AHEAD) {
-        hist.prefetch_events(i);
+    if let Some(s) = at(n + KEY_AHEAD) {
+        // A batch reads and changes a key's latest events, mostly.
+        let tail = &s.events[s.events.len().saturating_sub(EVENTS_AHEAD)..];
+        tail.iter().for_each(|e| prefetch(&*e.data));
     }
+}
+
+/// Link 2 (`History::prefetch_key_of`) of a loaded slot: its key and its
+/// event list.
+fn prefetch_lists(s: &Slot) {
+    prefetch(&*s.key);
+    prefetch(&*s.events);
 }
 
 /// What `apply` takes in for one key of a plan split in two: slot `i`,
