@@ -584,7 +584,11 @@ impl Config {
                     "two flows have this name; flow names must be unique",
                 ));
             }
-            out.push(Flow::new(f.clone())?);
+            let flow = Flow::new(f.clone())?;
+            if let Some(other) = out.iter().find(|o: &&Flow| o.target == flow.target) {
+                return Err(two_flows(&other.name, &flow));
+            }
+            out.push(flow);
         }
         Ok(out)
     }
@@ -601,6 +605,29 @@ impl Config {
                 }
             )));
         };
-        Flow::new(f.clone())
+        let flow = Flow::new(f.clone())?;
+        // Each flow of a file is applied on its own: refuse the file whose
+        // flows share a target before either writes it.
+        let shared = self.flows.iter().find(|o| {
+            o.name != name
+                && crate::core::flow::parse_table_ident(&o.name, &o.target)
+                    .is_ok_and(|t| t == flow.target)
+        });
+        if let Some(other) = shared {
+            return Err(two_flows(&other.name, &flow));
+        }
+        Ok(flow)
     }
+}
+
+/// Two flows of one configuration name one target.
+fn two_flows(first: &str, second: &Flow) -> Error {
+    Error::definition(
+        &second.name,
+        codes::TARGET_IN_USE,
+        format!(
+            "{} is also the target of flow `{first}`; two flows writing one table undo each other's changes: give each flow its own target",
+            second.target
+        ),
+    )
 }

@@ -478,3 +478,58 @@ fn null_ignoring_columns_are_a_list_and_a_changed_list_refolds() {
         }
     });
 }
+
+/// Two flows on one target (Spark-parity issue, item 5): each resolved
+/// against its own view of the state, and applying them in turn corrupted
+/// the table. Until several flows can share a target, the second flow is
+/// refused wherever it comes from: a configuration file that declares both
+/// (`autocdc apply --flow`), or an engine opened on a target another flow
+/// made; the first flow's table is left as it was.
+#[test]
+fn a_second_flow_on_one_target_is_refused_and_changes_nothing() {
+    let rt = rt();
+    let tmp = tempfile::tempdir().unwrap();
+    let cat = catalog(tmp.path());
+    let toml = people_toml(IGNORE_NULLS_SCD1, "crm.shared");
+    let cfg: autocdc::core::flow::FlowConfig = toml::from_str(&toml).unwrap();
+    let mut other = cfg.clone();
+    other.name = format!("{}_shard_b", cfg.name);
+    // One configuration file with both.
+    let config = autocdc::config::Config {
+        flows: vec![cfg.clone(), other.clone()],
+        ..autocdc::config::Config::from_toml("").unwrap()
+    };
+    for e in [
+        config.flows().unwrap_err(),
+        config.flow(&other.name).unwrap_err(),
+        config.flow(&cfg.name).unwrap_err(),
+    ] {
+        assert_eq!(e.code(), codes::TARGET_IN_USE, "{e}");
+        assert!(e.to_string().contains("crm.shared"), "{e}");
+    }
+    rt.block_on(async {
+        let flow = Flow::new(cfg.clone()).unwrap();
+        let mut engine = open_engine(&cat, &flow).await;
+        apply_all(&mut engine, &flow, &first(), 1).await;
+        let want = table_rows(&engine).await;
+        let snaps = snapshots(&engine);
+        // Another configuration names the same target under another flow.
+        let second = Flow::new(other.clone()).unwrap();
+        let e = Engine::open(second.clone(), cat.clone(), Arc::new(Faults::default()))
+            .await
+            .err()
+            .expect("a second flow on the target was opened");
+        assert_eq!(e.code(), codes::TARGET_IN_USE, "{e}");
+        assert!(
+            e.to_string().contains(&format!("flow `{}`", cfg.name)),
+            "{e}"
+        );
+        let e = Engine::check_target(&second, cat.as_ref())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), codes::TARGET_IN_USE, "{e}");
+        let engine = open_engine(&cat, &flow).await;
+        assert_eq!(snapshots(&engine), snaps);
+        assert_eq!(table_rows(&engine).await, want);
+    });
+}

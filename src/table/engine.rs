@@ -551,37 +551,35 @@ fn our_latest_schema<'m>(meta: &'m TableMetadata, flow: &str) -> Option<&'m Sche
 
 /// The id of the latest snapshot of the target this flow wrote.
 fn our_latest_id(meta: &TableMetadata, flow: &str) -> Option<i64> {
-    let mut cur = meta.current_snapshot();
-    while let Some(s) = cur {
-        if s.summary()
-            .additional_properties
-            .get(PROP_FLOW)
-            .map(String::as_str)
-            == Some(flow)
-        {
-            return Some(s.snapshot_id());
-        }
-        cur = s.parent_snapshot_id().and_then(|p| meta.snapshot_by_id(p));
-    }
-    None
+    current_chain(meta)
+        .find(|s| written_by(s, flow))
+        .map(|s| s.snapshot_id())
 }
 
 /// The latest snapshot of the target written by this flow, walking back from
 /// the current one; and whether any snapshot after it came from elsewhere.
 fn our_latest(meta: &TableMetadata, flow: &str) -> (Option<HashMap<String, String>>, bool) {
-    let mut cur = meta.current_snapshot().cloned();
     let mut foreign = false;
-    while let Some(s) = cur {
-        let props = &s.summary().additional_properties;
-        if props.get(PROP_FLOW).map(String::as_str) == Some(flow) {
-            return (Some(props.clone()), foreign);
+    for s in current_chain(meta) {
+        if written_by(s, flow) {
+            return (Some(s.summary().additional_properties.clone()), foreign);
         }
         foreign = true;
-        cur = s
-            .parent_snapshot_id()
-            .and_then(|p| meta.snapshot_by_id(p).cloned());
     }
     (None, foreign)
+}
+
+fn written_by(s: &iceberg::spec::Snapshot, flow: &str) -> bool {
+    s.summary()
+        .additional_properties
+        .get(PROP_FLOW)
+        .map(String::as_str)
+        == Some(flow)
+}
+
+/// The current snapshot and its ancestors, newest first.
+fn current_chain(meta: &TableMetadata) -> impl Iterator<Item = &iceberg::spec::SnapshotRef> + '_ {
+    parent_chain(meta, meta.current_snapshot().map(|s| s.snapshot_id()))
 }
 
 fn render_spec(spec: &PartitionSpec, schema: &Schema) -> String {
@@ -658,6 +656,63 @@ fn repartition(
         .and_then(|b| b.build())
         .map_err(|e| refused(e.message().to_string()))?;
     Ok(Some(spec))
+}
+
+/// One flow writes a target: the flow that made it (the target's and the
+/// state table's `autocdc.flow` property) and the flow of its latest
+/// autocdc snapshot must be this one. Two flows on one table would each
+/// resolve against their own view of the state and undo each other's rows.
+fn check_owner(flow: &Flow, target: &TableState, state: Option<&TableState>) -> Result<()> {
+    let tables = [Some(target), state].into_iter().flatten();
+    let by_property = tables
+        .filter_map(|t| t.metadata.properties().get(PROP_FLOW).map(|o| (o, t)))
+        .find(|(o, _)| **o != flow.name)
+        .map(|(o, t)| {
+            (
+                o.clone(),
+                format!("its table property {PROP_FLOW} on {}", t.ident),
+            )
+        });
+    let by_snapshot = || {
+        current_chain(&target.metadata)
+            .take(MAX_OWNER_WALK)
+            .find_map(|s| s.summary().additional_properties.get(PROP_FLOW).cloned())
+            .filter(|o| *o != flow.name)
+            .map(|o| (o, "its latest autocdc snapshot".to_string()))
+    };
+    match by_property.or_else(by_snapshot) {
+        None => Ok(()),
+        Some((owner, why)) => Err(Error::Definition {
+            code: codes::TARGET_IN_USE,
+            flow: flow.name.clone(),
+            message: format!(
+                "{} is written by flow `{owner}` ({why}); two flows writing one table undo each other's changes. Name this flow `{owner}`, give it a target of its own, or drop {} and {} to start over",
+                flow.target,
+                flow.target,
+                flow.state_ident()
+            ),
+        }),
+    }
+}
+
+/// How far back `check_owner` looks for the latest autocdc snapshot (other
+/// writers' snapshots can follow it; a long run of them is not autocdc's table).
+const MAX_OWNER_WALK: usize = 1000;
+
+/// The snapshots from `from` back through their parents, newest first.
+/// Bounded by the table's snapshot count: a chain has no cycle, but a
+/// hand-edited table might.
+fn parent_chain(
+    meta: &TableMetadata,
+    from: Option<i64>,
+) -> impl Iterator<Item = &iceberg::spec::SnapshotRef> + '_ {
+    let mut next = from;
+    std::iter::from_fn(move || {
+        let s = meta.snapshot_by_id(next?)?;
+        next = s.parent_snapshot_id();
+        Some(s)
+    })
+    .take(meta.snapshots().len())
 }
 
 /// The target's keys (its identifier fields) against the definition's.
@@ -777,6 +832,7 @@ struct Evolutions {
 /// the definition: the state's keys and sequence first (Spark's order), then
 /// the target's keys, columns and partitioning.
 fn check_drift(flow: &Flow, target: &TableState, state: Option<&TableState>) -> Result<Evolutions> {
+    check_owner(flow, target, state)?;
     let mut evolutions = Evolutions::default();
     if let Some(s) = state {
         state_table::check(flow, s.metadata.current_schema())?;
@@ -1604,21 +1660,11 @@ impl Engine {
     /// The lease epoch of the target's latest snapshot that records one
     /// (maintenance snapshots do not), and who held it.
     pub fn lease_of(metadata: &TableMetadata) -> Option<(u64, String)> {
-        let mut snap = metadata.current_snapshot();
-        // Bounded: snapshots expire, and a parent chain has no cycles, but
-        // a hand-edited table might.
-        for _ in 0..10_000 {
-            let s = snap?;
+        current_chain(metadata).find_map(|s| {
             let props = &s.summary().additional_properties;
-            if let Some(e) = props.get(PROP_LEASE_EPOCH).and_then(|e| e.parse().ok()) {
-                let who = props.get(PROP_COMMITTER).cloned().unwrap_or_default();
-                return Some((e, who));
-            }
-            snap = s
-                .parent_snapshot_id()
-                .and_then(|p| metadata.snapshot_by_id(p));
-        }
-        None
+            let e = props.get(PROP_LEASE_EPOCH)?.parse().ok()?;
+            Some((e, props.get(PROP_COMMITTER).cloned().unwrap_or_default()))
+        })
     }
 
     /// How many snapshots of the target and the state table would expire
