@@ -176,6 +176,8 @@ pub mod codes {
     pub const BATCH_TOO_LARGE: &str = "AUTOCDC_MICROBATCH_VALIDATION.TOO_LARGE";
     pub const ARROW: &str = "AUTOCDC_MICROBATCH_VALIDATION.ARROW";
     pub const TOO_MANY_COLUMNS: &str = "AUTOCDC_MICROBATCH_VALIDATION.TOO_MANY_COLUMNS";
+    pub const DEBEZIUM_EVENT: &str = "AUTOCDC_DEBEZIUM.EVENT";
+    pub const DEBEZIUM_NO_KEY: &str = "AUTOCDC_DEBEZIUM.NO_KEY";
 
     // Requests the HTTP layer refuses before a flow sees them.
     pub const BODY_TOO_LARGE: &str = "AUTOCDC_BODY_TOO_LARGE";
@@ -257,6 +259,8 @@ pub const REGISTRY: &[CodeInfo] = {
         info(KEY_TOO_LONG, 400, "a key or sequence value over `max_key_bytes`"),
         info(MISSING_COLUMN, 400, "a key or sequence column is missing from the batch"),
         info(TOO_MANY_COLUMNS, 400, "`schema_evolution = \"add_columns\"`: a body that would add over 64 columns, or grow the flow over 1000"),
+        info(DEBEZIUM_EVENT, 400, "a Debezium flow's element that is not a change event, or whose source position cannot be read (event index given)"),
+        info(DEBEZIUM_NO_KEY, 422, "a Debezium delete without its key columns (the source table's REPLICA IDENTITY is NOTHING)"),
         info(NULL_KEY, 422, "a null key"),
         info(NULL_SEQUENCE, 422, "a null sequence"),
         info(SEQUENCE_EXPRESSION, 422, "a `sequence_by` expression that fails on a row: an overflow, a division by zero, a CAST that does not hold"),

@@ -14,6 +14,7 @@ use iceberg::spec::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::core::debezium;
 use crate::core::predicate::Predicate;
 use crate::core::seq_expr::{self, Part, SeqExpr};
 use crate::error::{Error, Result, codes};
@@ -272,6 +273,31 @@ pub struct FlowConfig {
     /// Compaction of the target's and the state table's files (`[flow.compaction]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<CompactionConfig>,
+    /// `debezium`: the input is Debezium change events; the sequence and the
+    /// deletes are derived from them (`core::debezium`). Default `rows`.
+    #[serde(default, skip_serializing_if = "InputFormat::is_rows")]
+    pub format: InputFormat,
+    /// A Debezium flow: the source table it takes (`schema.table`, or
+    /// `db.table` for MySQL); `POST /v1/debezium` routes events by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_table: Option<String>,
+}
+
+/// What a flow's input is.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum InputFormat {
+    /// Rows in the flow's columns, with their sequence.
+    #[default]
+    Rows,
+    /// Debezium change events (`core::debezium`).
+    Debezium,
+}
+
+impl InputFormat {
+    pub fn is_rows(&self) -> bool {
+        *self == InputFormat::Rows
+    }
 }
 
 /// `[flow.compaction]`: which files a compaction run rewrites, and how
@@ -382,6 +408,9 @@ pub struct Flow {
     /// Source columns a null in an upsert leaves unchanged, sorted.
     pub ignore_null_cols: Vec<usize>,
     pub from_snapshot: bool,
+    /// The input is Debezium change events: the hidden columns of
+    /// `core::debezium` follow the declared ones.
+    pub debezium: bool,
     /// Source column index of each target column, in target order.
     pub target_cols: Vec<usize>,
     /// The target's Iceberg schema (field ids 1..n, keys required and identifier fields).
@@ -480,8 +509,19 @@ impl Flow {
                 .map_err(|e| Error::from_predicate(f, e)),
             None => Ok(None),
         };
-        let deletes = predicate(&config.apply_as_deletes)?;
-        let truncates = predicate(&config.apply_as_truncates)?;
+        let (deletes, truncates) = match config.format {
+            InputFormat::Rows => (
+                config.apply_as_deletes.clone(),
+                config.apply_as_truncates.clone(),
+            ),
+            // SCD Type 2 takes no truncates, as Spark's AUTO CDC.
+            InputFormat::Debezium => (
+                Some(debezium::DELETES.to_string()),
+                (!scd2).then(|| debezium::TRUNCATES.to_string()),
+            ),
+        };
+        let deletes = predicate(&deletes)?;
+        let truncates = predicate(&truncates)?;
         // Both sorted: `Folding` compares them with the sets a target records.
         let mut tracked = tracked_columns(&config, &target_cols, &key_idx)?;
         tracked.sort_unstable();
@@ -495,6 +535,7 @@ impl Flow {
             ignore_null_updates: !ignore_null_cols.is_empty(),
             ignore_null_cols,
             from_snapshot: config.from_snapshot,
+            debezium: config.format == InputFormat::Debezium,
             commit,
             name: config.name.clone(),
             target,
@@ -560,6 +601,10 @@ impl Flow {
         }
         if self.from_snapshot && self.column_name(i) == SNAPSHOT_VERSION {
             return Some(Type::Primitive(PrimitiveType::Long));
+        }
+        if self.debezium && i >= self.config.columns.len() {
+            let hidden = debezium::hidden_columns();
+            return Some(hidden.get(i - self.config.columns.len())?.1.clone());
         }
         crate::core::nested::parse(&self.config.columns.get(i)?.ty).ok()
     }
@@ -780,6 +825,11 @@ fn find_column(config: &FlowConfig, name: &str, what: &str) -> Result<usize> {
     if config.from_snapshot && name == SNAPSHOT_VERSION {
         return Ok(config.columns.len());
     }
+    if config.format == InputFormat::Debezium
+        && let Some(i) = debezium::hidden_columns().iter().position(|c| c.0 == name)
+    {
+        return Ok(config.columns.len() + i);
+    }
     let name = parse_ident(f, name)?;
     let exact = config.columns.iter().position(|c| c.name == name);
     // Declared names differ in more than case, so this match is unique.
@@ -853,6 +903,9 @@ fn keys_and_sequence(
             true,
         ));
         seq_names.push(SNAPSHOT_VERSION.to_string());
+    }
+    if config.format == InputFormat::Debezium {
+        debezium_columns(config, fields, &mut seq_names)?;
     }
     if seq_names.is_empty() {
         return Err(Error::definition(
@@ -933,6 +986,43 @@ fn keys_and_sequence(
         }
     }
     Ok((key_idx, seq_idx, computed))
+}
+
+/// A Debezium flow's hidden columns (`core::debezium`), after the declared
+/// ones; its sequence is their position. What the events give is refused
+/// when declared.
+fn debezium_columns(
+    config: &FlowConfig,
+    fields: &mut Vec<Declared>,
+    seq_names: &mut Vec<String>,
+) -> Result<()> {
+    let misplaced = [
+        (
+            !seq_names.is_empty(),
+            "sequence_by (the source position of each event orders them)",
+        ),
+        (
+            config.apply_as_deletes.is_some(),
+            "apply_as_deletes (events with op = 'd' delete)",
+        ),
+        (
+            config.apply_as_truncates.is_some(),
+            "apply_as_truncates (events with op = 't' truncate)",
+        ),
+        (config.from_snapshot, "from_snapshot"),
+    ];
+    if let Some((_, what)) = misplaced.iter().find(|m| m.0) {
+        return Err(Error::definition(
+            &config.name,
+            codes::INVALID_DEFINITION,
+            format!("a format = \"debezium\" flow takes no {what}: remove it from the definition"),
+        ));
+    }
+    for (name, ty) in debezium::hidden_columns() {
+        fields.push((fields.len(), name.to_string(), ty, true));
+    }
+    seq_names.extend(debezium::POSITION.iter().map(|s| s.to_string()));
+    Ok(())
 }
 
 /// A `sequence_by` entry as columns and expressions: a name (plain,

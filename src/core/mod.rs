@@ -5,6 +5,7 @@
 //! I/O part of `iceberg`.
 
 pub mod convert;
+pub mod debezium;
 pub mod evolve;
 pub mod flow;
 pub mod from_snapshot;

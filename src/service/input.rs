@@ -63,6 +63,14 @@ pub fn read_file(flow: &Flow, path: &Path) -> Result<RecordBatch> {
         Format::Ndjson => {
             let body = std::fs::read(path)
                 .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
+            if flow.debezium {
+                // Events one per line, or a JSON array of them.
+                let format = match body.trim_ascii_start().first() {
+                    Some(b'[') => BodyFormat::JsonArray,
+                    _ => BodyFormat::Ndjson,
+                };
+                return decode(flow, format, &body, Limits::NONE, true);
+            }
             return decode_ndjson(flow, &body, Limits::NONE);
         }
         Format::Csv => {
@@ -220,7 +228,7 @@ fn too_many_rows(flow: &Flow, limits: Limits) -> Error {
 /// Decodes rows, each one JSON object, into the flow's source schema.
 /// Unknown fields are rejected (`strict`) or ignored; an error names its
 /// row and column.
-fn decode_json_rows(flow: &Flow, rows: &[&[u8]], strict: bool) -> Result<RecordBatch> {
+pub(crate) fn decode_json_rows(flow: &Flow, rows: &[&[u8]], strict: bool) -> Result<RecordBatch> {
     if !strict {
         // Nothing fails on a key in another case, so rename up front.
         return match json::canonical_keys(flow, rows)? {
@@ -322,6 +330,9 @@ pub fn decode(
     limits: Limits,
     strict: bool,
 ) -> Result<RecordBatch> {
+    if flow.debezium {
+        return crate::service::debezium::decode(flow, format, body, limits, strict).map(|d| d.0);
+    }
     match format {
         BodyFormat::Ndjson => decode_json_rows(flow, &ndjson_rows(flow, body, limits)?, strict),
         BodyFormat::JsonArray => decode_json_rows(flow, &array_rows(flow, body, limits)?, strict),
@@ -338,6 +349,9 @@ pub fn new_columns(
     body: &[u8],
     limits: Limits,
 ) -> Result<Vec<crate::core::flow::ColumnDef>> {
+    if flow.debezium {
+        return crate::service::debezium::new_columns(flow, format, body, limits);
+    }
     match format {
         BodyFormat::Ndjson => infer::json_columns(flow, &ndjson_rows(flow, body, limits)?),
         BodyFormat::JsonArray => infer::json_columns(flow, &array_rows(flow, body, limits)?),
@@ -400,7 +414,10 @@ fn array_rows<'a>(flow: &Flow, body: &'a [u8], limits: Limits) -> Result<Vec<&'a
 
 /// The elements of a JSON array, as byte slices; `Err(None)` when there are
 /// more than `max`. Each element is checked later by the JSON decoder.
-fn array_elements(body: &[u8], max: usize) -> std::result::Result<Vec<&[u8]>, Option<String>> {
+pub(crate) fn array_elements(
+    body: &[u8],
+    max: usize,
+) -> std::result::Result<Vec<&[u8]>, Option<String>> {
     let skip_ws = |mut i: usize| {
         while body.get(i).is_some_and(u8::is_ascii_whitespace) {
             i += 1;

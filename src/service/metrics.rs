@@ -183,6 +183,24 @@ pub fn render(service: &Service) -> String {
             rt.flow.name, status.commit_ms_total
         );
     }
+    let skipped = service
+        .debezium_skipped
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let _ = writeln!(out, "# TYPE autocdc_debezium_skipped_total counter");
+    for (reason, n) in [
+        ("tombstone", skipped.tombstones),
+        ("not_a_change", skipped.not_changes),
+        ("message", skipped.messages),
+        ("other_table", skipped.other_tables),
+        ("truncate", skipped.truncates),
+    ] {
+        let _ = writeln!(
+            out,
+            "autocdc_debezium_skipped_total{{reason=\"{reason}\"}} {n}"
+        );
+    }
     let _ = writeln!(
         out,
         "# TYPE autocdc_ready gauge\nautocdc_ready {}",

@@ -14,6 +14,7 @@
 
 mod committer;
 pub mod dead_letter;
+pub mod debezium;
 pub mod definitions;
 pub mod http;
 pub mod infer;
@@ -549,6 +550,8 @@ pub struct Service {
     defining: tokio::sync::Mutex<HashMap<String, u64>>,
     /// The definitions' revision `start` loaded.
     loaded_revision: std::sync::atomic::AtomicU64,
+    /// What `POST /v1/debezium` skipped, by kind, since the start.
+    pub debezium_skipped: std::sync::Mutex<debezium::Skipped>,
 }
 
 impl Service {
@@ -597,6 +600,7 @@ impl Service {
             definitions: Default::default(),
             defining: Default::default(),
             loaded_revision: Default::default(),
+            debezium_skipped: Default::default(),
         }))
     }
 

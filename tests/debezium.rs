@@ -1,0 +1,759 @@
+//! Debezium change events as a flow's input (`format = "debezium"`): the
+//! order derived from source positions under every permutation, batching
+//! and redelivery (against the source's own history as the oracle), the
+//! routing endpoint `POST /v1/debezium`, and hostile events.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use arrow_cast::base64::{BASE64_STANDARD, Engine as _};
+use autocdc::core::flow::{Flow, FlowConfig};
+use autocdc::error::codes;
+use autocdc::service::debezium;
+use autocdc::service::input::{BodyFormat, Limits};
+use common::Sim;
+use common::http::*;
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+const CUSTOMERS: &str = r#"
+name = "customers"
+target = "crm.customers"
+keys = ["id"]
+format = "debezium"
+source_table = "public.customers"
+columns = [
+  { name = "id", type = "int", required = true },
+  { name = "name", type = "string" },
+  { name = "balance", type = "decimal(12,2)" },
+]
+"#;
+
+fn customers_cfg() -> FlowConfig {
+    toml::from_str(CUSTOMERS).unwrap()
+}
+
+/// A decimal(12,2) as Debezium sends it: the unscaled value, base64.
+fn b64_cents(cents: i64) -> String {
+    let bytes = cents.to_be_bytes();
+    // The shortest two's-complement form, as Kafka Connect writes it.
+    let mut start = 0;
+    while start < 7
+        && ((bytes[start] == 0 && bytes[start + 1] & 0x80 == 0)
+            || (bytes[start] == 0xff && bytes[start + 1] & 0x80 != 0))
+    {
+        start += 1;
+    }
+    BASE64_STANDARD.encode(&bytes[start..])
+}
+
+fn cents_text(cents: i64) -> String {
+    let sign = if cents < 0 { "-" } else { "" };
+    format!("{sign}{}.{:02}", cents.abs() / 100, cents.abs() % 100)
+}
+
+/// The value schema Debezium's JSON converter wraps a customers event in.
+fn schema() -> Value {
+    let row = |name: &str| {
+        json!({"type": "struct", "optional": true, "field": name, "name": "dbz.public.customers.Value", "fields": [
+            {"type": "int32", "optional": false, "field": "id"},
+            {"type": "string", "optional": true, "field": "name"},
+            {"type": "bytes", "optional": true, "field": "balance", "name": "org.apache.kafka.connect.data.Decimal",
+             "version": 1, "parameters": {"scale": "2", "connect.decimal.precision": "12"}}
+        ]})
+    };
+    json!({"type": "struct", "name": "dbz.public.customers.Envelope", "fields": [
+        row("before"), row("after"),
+        {"type": "struct", "field": "source", "fields": []},
+        {"type": "string", "field": "op"}
+    ]})
+}
+
+/// A row of the source table: id -> (name, balance in cents).
+type Row = (String, i64);
+
+/// One PostgreSQL change event, wrapped with its schema.
+fn pg_event(
+    table: &str,
+    op: &str,
+    id: i32,
+    row: Option<&Row>,
+    last_commit: Option<u64>,
+    lsn: u64,
+) -> Value {
+    let image = |r: Option<&Row>| match r {
+        Some((name, cents)) => json!({"id": id, "name": name, "balance": b64_cents(*cents)}),
+        None => json!({"id": id, "name": null, "balance": null}),
+    };
+    let (before, after) = match op {
+        "d" => (image(None), Value::Null),
+        _ => (Value::Null, image(row)),
+    };
+    let sequence = json!([last_commit.map(|l| l.to_string()), lsn.to_string()]).to_string();
+    json!({"schema": schema(), "payload": {
+        "before": before,
+        "after": after,
+        "source": {"version": "3.6.3.Final", "connector": "postgresql", "name": "dbz", "db": "shop",
+                   "schema": "public", "table": table, "snapshot": if op == "r" { "true" } else { "false" },
+                   "sequence": sequence, "lsn": lsn, "txId": 1},
+        "op": op, "ts_ms": 1
+    }})
+}
+
+/// A random history of the source table as PostgreSQL's Debezium connector
+/// delivers it: a snapshot (whose position is above the first streamed
+/// transaction's LSN, as it can be), then transactions of inserts, updates,
+/// deletes and primary-key changes (a delete and a create at one LSN).
+/// Returns the events in source order and the table at the end.
+fn history(seed: u64, txns: usize) -> (Vec<Value>, BTreeMap<i32, Row>) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut table: BTreeMap<i32, Row> = BTreeMap::new();
+    let mut events = Vec::new();
+    let snapshot_at = 5_000;
+    for id in 0..rng.random_range(0..5) {
+        let row = (format!("s{id}"), rng.random_range(-500..500));
+        events.push(pg_event(
+            "customers",
+            "r",
+            id,
+            Some(&row),
+            None,
+            snapshot_at,
+        ));
+        table.insert(id, row);
+    }
+    // The first transaction after the snapshot: no previous commit, and an
+    // LSN below the snapshot's.
+    let mut last_commit: Option<u64> = None;
+    let mut lsn = 4_000;
+    for t in 0..txns {
+        for _ in 0..rng.random_range(1..4) {
+            lsn += rng.random_range(1..3);
+            let id = rng.random_range(0..8);
+            let row = (
+                format!("t{t}-{}", rng.random_range(0..3)),
+                rng.random_range(-500..500),
+            );
+            match (table.contains_key(&id), rng.random_range(0..10)) {
+                (false, _) => {
+                    events.push(pg_event("customers", "c", id, Some(&row), last_commit, lsn));
+                    table.insert(id, row);
+                }
+                (true, 0..=5) => {
+                    events.push(pg_event("customers", "u", id, Some(&row), last_commit, lsn));
+                    table.insert(id, row);
+                }
+                (true, 6..=7) => {
+                    events.push(pg_event("customers", "d", id, None, last_commit, lsn));
+                    table.remove(&id);
+                }
+                (true, _) => {
+                    // UPDATE ... SET id = to: a delete and a create at one position.
+                    let to = rng.random_range(0..8);
+                    if table.contains_key(&to) {
+                        continue;
+                    }
+                    let moved = table.remove(&id).unwrap();
+                    events.push(pg_event("customers", "d", id, None, last_commit, lsn));
+                    events.push(pg_event(
+                        "customers",
+                        "c",
+                        to,
+                        Some(&moved),
+                        last_commit,
+                        lsn,
+                    ));
+                    table.insert(to, moved);
+                }
+            }
+        }
+        lsn += 1;
+        last_commit = Some(lsn);
+    }
+    (events, table)
+}
+
+fn ndjson_of(events: &[Value]) -> Vec<u8> {
+    events
+        .iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+        .into_bytes()
+}
+
+fn decode(flow: &Flow, events: &[Value]) -> arrow_array::RecordBatch {
+    debezium::decode(
+        flow,
+        BodyFormat::Ndjson,
+        &ndjson_of(events),
+        Limits::NONE,
+        true,
+    )
+    .unwrap()
+    .0
+}
+
+fn rendered(table: &BTreeMap<i32, Row>) -> BTreeSet<Vec<String>> {
+    table
+        .iter()
+        .map(|(id, (name, cents))| vec![id.to_string(), name.clone(), cents_text(*cents)])
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Any permutation and batching of the events, with a redelivered run
+    /// of them (Debezium after a crash), gives the source table, and exact
+    /// duplicates count no ties.
+    #[test]
+    fn any_order_batching_and_redelivery_gives_the_source_table(
+        seed in any::<u64>(),
+        txns in 1usize..25,
+        redeliver in 0usize..20,
+        cuts in prop::collection::vec(0usize..100, 0..6),
+        restart_at in 0usize..4,
+    ) {
+        let (mut events, want) = history(seed, txns);
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x9e37);
+        if !events.is_empty() {
+            let from = rng.random_range(0..events.len());
+            let to = (from + redeliver).min(events.len());
+            let again: Vec<Value> = events[from..to].to_vec();
+            events.extend(again);
+        }
+        events.shuffle(&mut rng);
+        let flow = Flow::new(customers_cfg()).unwrap();
+        let mut sim = Sim::new(flow.clone());
+        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c * events.len() / 100).collect();
+        cuts.push(events.len());
+        cuts.sort_unstable();
+        let mut from = 0;
+        for (i, &to) in cuts.iter().enumerate() {
+            if to > from {
+                sim.apply(&decode(&flow, &events[from..to])).unwrap();
+                from = to;
+            }
+            if i == restart_at {
+                sim.restart();
+            }
+        }
+        prop_assert_eq!(sim.table(), rendered(&want));
+        prop_assert_eq!(sim.stats.ties, 0);
+    }
+}
+
+#[test]
+fn a_snapshot_read_never_wins_over_a_streamed_change() {
+    let flow = Flow::new(customers_cfg()).unwrap();
+    // The streamed update's LSN (100) is below the snapshot's position (900).
+    let snap = pg_event("customers", "r", 1, Some(&("old".into(), 1)), None, 900);
+    let streamed = pg_event("customers", "u", 1, Some(&("new".into(), 2)), None, 100);
+    for order in [[&snap, &streamed], [&streamed, &snap]] {
+        let mut sim = Sim::new(flow.clone());
+        for e in order {
+            sim.apply(&decode(&flow, &[e.clone()])).unwrap();
+        }
+        let want: BTreeMap<i32, Row> = [(1, ("new".to_string(), 2))].into();
+        assert_eq!(sim.table(), rendered(&want));
+    }
+}
+
+#[test]
+fn definitions_derive_what_the_events_give() {
+    let flow = Flow::new(customers_cfg()).unwrap();
+    assert!(flow.debezium);
+    assert_eq!(flow.seq_idx.len(), 6);
+    assert_eq!(
+        flow.target_cols,
+        vec![0, 1, 2],
+        "no hidden column in the target"
+    );
+    assert!(flow.truncates.is_some(), "SCD Type 1 truncates");
+    for (line, what) in [
+        ("sequence_by = \"id\"", "sequence_by"),
+        ("apply_as_deletes = \"id = 1\"", "apply_as_deletes"),
+        ("apply_as_truncates = \"id = 1\"", "apply_as_truncates"),
+    ] {
+        let toml = CUSTOMERS.replace("format = ", &format!("{line}\nformat = "));
+        let e = Flow::new(toml::from_str(&toml).unwrap()).unwrap_err();
+        assert_eq!(e.code(), codes::INVALID_DEFINITION, "{e}");
+        assert!(e.to_string().contains(what), "{e}");
+    }
+    let scd2 = CUSTOMERS.replace("format = ", "stored_as_scd_type = 2\nformat = ");
+    let f = Flow::new(toml::from_str(&scd2).unwrap()).unwrap();
+    assert!(
+        f.truncates.is_none(),
+        "SCD Type 2 takes no truncates, as Spark"
+    );
+}
+
+/// A second flow of orders, routed by its table.
+const ORDERS: &str = r#"
+name = "orders"
+target = "crm.orders"
+keys = ["order_id"]
+format = "debezium"
+source_table = "public.orders"
+commit_interval = "1h"
+columns = [
+  { name = "order_id", type = "long", required = true },
+  { name = "placed", type = "date" },
+  { name = "at", type = "timestamp" },
+]
+"#;
+
+fn order_event(op: &str, id: i64, days: i64, micros: i64, lsn: u64) -> Value {
+    let row = json!({"order_id": id, "placed": days, "at": micros});
+    json!({"schema": {"type": "struct", "fields": [
+        {"type": "struct", "field": "after", "fields": [
+            {"type": "int64", "field": "order_id"},
+            {"type": "int32", "field": "placed", "name": "io.debezium.time.Date"},
+            {"type": "int64", "field": "at", "name": "io.debezium.time.MicroTimestamp"}
+        ]},
+        {"type": "struct", "field": "before", "fields": [
+            {"type": "int64", "field": "order_id"}
+        ]}
+    ]}, "payload": {
+        "before": if op == "d" { json!({"order_id": id}) } else { Value::Null },
+        "after": if op == "d" { Value::Null } else { row },
+        "source": {"connector": "postgresql", "schema": "public", "table": "orders",
+                   "sequence": json!([null, lsn.to_string()]).to_string(), "lsn": lsn},
+        "op": op
+    }})
+}
+
+fn serve_config(dir: &std::path::Path) -> autocdc::config::Config {
+    let mut customers = customers_cfg();
+    customers.commit_interval = Some("1h".into());
+    config(dir, vec![customers, toml::from_str(ORDERS).unwrap()])
+}
+
+/// Debezium Server's HTTP sink: one URL for every table, a JSON array per
+/// batch, `webhook-id` stable across retries; what no flow takes is
+/// skipped and counted, never refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_endpoint_routes_every_table_and_skips_the_rest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = start(serve_config(tmp.path())).await;
+    let client = reqwest::Client::new();
+    let body = json!([
+        pg_event("customers", "c", 1, Some(&("Ann".into(), 1250)), None, 10),
+        order_event("c", 7, 19_000, 1_700_000_000_123_456, 11),
+        Value::Null,
+        {"schema": {"name": "io.debezium.connector.common.Heartbeat"}, "payload": {"ts_ms": 5}},
+        {"status": "BEGIN", "id": "571:53195832", "event_count": null},
+        pg_event("invoices", "c", 3, Some(&("x".into(), 1)), None, 12),
+        {"op": "m", "source": {"connector": "postgresql"}, "message": {"prefix": "p"}},
+        pg_event("customers", "u", 1, Some(&("Ann B".into(), -5)), Some(12), 14),
+        pg_event("customers", "c", 2, Some(&("Bo".into(), 0)), Some(12), 15),
+        order_event("c", 8, 19_001, 0, 16),
+        order_event("d", 7, 0, 0, 17),
+    ]);
+    let send = |key: &'static str| {
+        client
+            .post(url(&r, "/v1/debezium"))
+            .header("content-type", "application/json")
+            .header("webhook-id", key)
+            .body(body.to_string())
+            .send()
+    };
+    let resp = send("msg_1").await.unwrap();
+    assert_eq!(resp.status().as_u16(), 202);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["flows"]["customers"]["accepted"], 3, "{v}");
+    assert_eq!(v["flows"]["orders"]["accepted"], 3, "{v}");
+    assert_eq!(v["skipped"]["tombstones"], 1, "{v}");
+    assert_eq!(v["skipped"]["not_changes"], 2, "{v}");
+    assert_eq!(v["skipped"]["messages"], 1, "{v}");
+    assert_eq!(v["skipped"]["other_tables"], 1, "{v}");
+    // The sink's retry of the same request: applied once.
+    let again: Value = send("msg_1").await.unwrap().json().await.unwrap();
+    assert_eq!(again["flows"]["customers"]["duplicate"], true, "{again}");
+    assert_eq!(
+        again["flows"]["customers"]["offset"],
+        v["flows"]["customers"]["offset"]
+    );
+    for f in ["customers", "orders"] {
+        commit(&client, &r, f).await;
+    }
+    let metrics = get_text(&client, &r, "/metrics").await;
+    assert!(
+        metrics.contains("autocdc_debezium_skipped_total{reason=\"other_table\"} 2"),
+        "{metrics}"
+    );
+    r.stop().await.unwrap();
+    let rows = |v: &[&[&str]]| common::rows(v);
+    assert_eq!(
+        table(tmp.path(), "customers").await,
+        rows(&[&["1", "Ann B", "-0.05"], &["2", "Bo", "0.00"]])
+    );
+    assert_eq!(
+        table(tmp.path(), "orders").await,
+        rows(&[&["8", "2022-01-09", "1970-01-01T00:00:00"]])
+    );
+}
+
+/// A bad element refuses the whole body with its index, nothing of it is
+/// applied, and the service goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_events_are_refused_with_their_index_and_nothing_applies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = serve_config(tmp.path());
+    cfg.server.max_rows_per_request = 50;
+    let r = start(cfg).await;
+    let client = reqwest::Client::new();
+    let good = pg_event("customers", "c", 1, Some(&("Ann".into(), 1)), None, 10);
+    let mut no_key = pg_event("customers", "d", 2, None, None, 11);
+    no_key["payload"]["before"] = Value::Null;
+    let mut too_wide = pg_event("customers", "c", 3, Some(&("x".into(), 1)), None, 12);
+    too_wide["payload"]["after"]["balance"] = json!(b64_cents(i64::MAX / 2));
+    let mut no_source = good.clone();
+    no_source["payload"]
+        .as_object_mut()
+        .unwrap()
+        .remove("source");
+    let mut mongo = good.clone();
+    mongo["payload"]["source"]["connector"] = json!("mongodb");
+    let cases: Vec<(Value, u16, &str, &str)> = vec![
+        (
+            json!({"hello": "world"}),
+            400,
+            codes::DEBEZIUM_EVENT,
+            "no `op`",
+        ),
+        (
+            json!({"__op": "c", "id": 1}),
+            400,
+            codes::DEBEZIUM_EVENT,
+            "ExtractNewRecordState",
+        ),
+        (
+            json!({"op": "x", "source": {}}),
+            400,
+            codes::DEBEZIUM_EVENT,
+            "op",
+        ),
+        (no_source, 400, codes::DEBEZIUM_EVENT, "source"),
+        (mongo, 400, codes::DEBEZIUM_EVENT, "mongodb"),
+        (no_key, 422, codes::DEBEZIUM_NO_KEY, "REPLICA IDENTITY"),
+        (too_wide, 400, codes::BAD_COLUMN, "balance"),
+        (json!(17), 400, codes::DEBEZIUM_EVENT, "a number"),
+    ];
+    for (bad, status, code, says) in cases {
+        let body = json!([good.clone(), bad]).to_string();
+        let (s, v) = post(
+            &client,
+            &url(&r, "/v1/debezium"),
+            "application/json",
+            body,
+            None,
+        )
+        .await;
+        assert_eq!(s, status, "{v}");
+        assert_eq!(v["error"]["code"], code, "{v}");
+        let text = v.to_string();
+        assert!(text.contains(says), "{says}: {v}");
+        assert_eq!(v["error"]["row"], 1, "the event's index: {v}");
+    }
+    // Over max_rows_per_request.
+    let many = Value::Array(vec![good.clone(); 51]).to_string();
+    let (s, v) = post(
+        &client,
+        &url(&r, "/v1/debezium"),
+        "application/json",
+        many,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (400, Some(codes::BATCH_TOO_LARGE)),
+        "{v}"
+    );
+    let (s, v) = post(
+        &client,
+        &url(&r, "/v1/debezium"),
+        "application/json",
+        "[{\"op\":",
+        None,
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    // Nothing was logged, and the service still takes good events.
+    let status = flow_status(&client, &r, "customers").await;
+    assert_eq!(status["status"]["accepted_batches"], 0, "{status}");
+    let (s, v) = post(
+        &client,
+        &url(&r, "/v1/debezium"),
+        "application/x-ndjson",
+        good.to_string(),
+        None,
+    )
+    .await;
+    assert_eq!(s, 202, "{v}");
+    // The flow's own endpoint takes its events too.
+    let (s, v) = post(
+        &client,
+        &url(&r, "/v1/flows/customers/changes"),
+        "application/json",
+        pg_event(
+            "customers",
+            "u",
+            1,
+            Some(&("Ann 2".into(), 1)),
+            Some(10),
+            20,
+        )
+        .to_string(),
+        None,
+    )
+    .await;
+    assert_eq!((s, v["accepted"].as_u64()), (202, Some(1)), "{v}");
+    commit(&client, &r, "customers").await;
+    r.stop().await.unwrap();
+    assert_eq!(
+        table(tmp.path(), "customers").await,
+        common::rows(&[&["1", "Ann 2", "0.01"]])
+    );
+}
+
+/// `schema_evolution = "add_columns"` (plain rows): a new field that is
+/// null in every row of a push is accepted (not added yet), as the README
+/// says; after `ALTER TABLE ... ADD COLUMN` every event carries it so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_field_null_in_every_row_is_accepted_by_add_columns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut f = flow_cfg("people", "1h");
+    f.schema_evolution = autocdc::core::flow::SchemaEvolution::AddColumns;
+    let r = start(config(tmp.path(), vec![f])).await;
+    let client = reqwest::Client::new();
+    let body = "{\"id\": 1, \"op\": \"UPSERT\", \"city\": \"Leeds\", \"seq\": 1, \"tier\": null}";
+    let (s, v) = post(
+        &client,
+        &url(&r, "/v1/flows/people/changes"),
+        "application/x-ndjson",
+        body,
+        None,
+    )
+    .await;
+    assert_eq!(s, 202, "{v}");
+    let status = flow_status(&client, &r, "people").await;
+    assert_eq!(
+        status["definition"]["columns"].as_array().unwrap().len(),
+        4,
+        "{status}"
+    );
+    r.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debezium_flow_adds_a_new_source_column_with_its_schema_type() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = customers_cfg();
+    c.commit_interval = Some("1h".into());
+    c.schema_evolution = autocdc::core::flow::SchemaEvolution::AddColumns;
+    let r = start(config(tmp.path(), vec![c])).await;
+    let client = reqwest::Client::new();
+    let mut e = pg_event("customers", "c", 1, Some(&("Ann".into(), 1)), None, 10);
+    e["payload"]["after"]["tier"] = Value::Null;
+    e["schema"]["fields"][1]["fields"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "int64", "optional": true, "field": "tier"}));
+    let (s, v) = post(
+        &client,
+        &url(&r, "/v1/debezium"),
+        "application/json",
+        e.to_string(),
+        None,
+    )
+    .await;
+    assert_eq!(s, 202, "{v}");
+    let status = flow_status(&client, &r, "customers").await;
+    let cols = status["definition"]["columns"].as_array().unwrap();
+    assert_eq!(cols.last().unwrap()["name"], "tier", "{status}");
+    assert_eq!(cols.last().unwrap()["type"], "long", "{status}");
+    commit(&client, &r, "customers").await;
+    r.stop().await.unwrap();
+    assert_eq!(
+        table(tmp.path(), "customers").await,
+        common::rows(&[&["1", "Ann", "0.01", "NULL"]])
+    );
+}
+
+/// Real events: Debezium 3.6.3 on PostgreSQL 15 (tests/fixtures/debezium,
+/// made by integration/debezium_capture.py): a snapshot, multi-statement
+/// transactions, a many-row update, a primary-key change, a delete and
+/// re-insert in one transaction, REPLICA IDENTITY FULL, a TOASTed column,
+/// ADD COLUMN and a TRUNCATE. Applied through the engine in arrival order,
+/// one event per commit, and shuffled in random batches, each table equals
+/// `SELECT *` of its source at the end.
+#[test]
+fn real_postgres_events_give_the_source_tables() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/debezium");
+    let events: Vec<Value> = std::fs::read_to_string(dir.join("pg_customers_orders.ndjson"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let customers: FlowConfig = toml::from_str(
+        r#"
+name = "customers"
+target = "shop.customers"
+keys = ["id"]
+format = "debezium"
+source_table = "public.customers"
+columns = [
+  { name = "id", type = "int", required = true },
+  { name = "name", type = "string" },
+  { name = "email", type = "string" },
+  { name = "balance", type = "decimal(12,2)" },
+  { name = "created_at", type = "timestamp" },
+  { name = "updated_at", type = "timestamptz" },
+  { name = "tags", type = "string" },
+  { name = "ext_id", type = "string" },
+  { name = "notes", type = "string" },
+  { name = "tier", type = "string" },
+]
+"#,
+    )
+    .unwrap();
+    let orders: FlowConfig = toml::from_str(
+        r#"
+name = "orders"
+target = "shop.orders"
+keys = ["order_id"]
+format = "debezium"
+source_table = "public.orders"
+columns = [
+  { name = "order_id", type = "long", required = true },
+  { name = "customer_id", type = "int" },
+  { name = "amount", type = "decimal(10,2)" },
+  { name = "placed", type = "date" },
+]
+"#,
+    )
+    .unwrap();
+    // The source tables at the end, rendered as the engine's rows are.
+    let expected = |file: &str, cols: &[&str]| -> BTreeSet<Vec<String>> {
+        std::fs::read_to_string(dir.join(file))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let row: Value = serde_json::from_str(l).unwrap();
+                cols.iter()
+                    .map(|c| match &row[*c] {
+                        Value::Null => "NULL".to_string(),
+                        Value::String(s) => seconds(&s.replace("+00:00", "Z")),
+                        v => v.to_string(),
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let cols: Vec<String> = customers.columns.iter().map(|c| c.name.clone()).collect();
+    let cols: Vec<&str> = cols.iter().map(String::as_str).collect();
+    let want_customers = without_toasted(expected("expected_customers.ndjson", &cols));
+    let want_orders = expected(
+        "expected_orders.ndjson",
+        &["order_id", "customer_id", "amount", "placed"],
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut rng = StdRng::seed_from_u64(11);
+    for round in 0..4 {
+        let mut order = events.clone();
+        if round >= 2 {
+            order.shuffle(&mut rng);
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let cat: std::sync::Arc<dyn autocdc::table::catalog::Catalog> = std::sync::Arc::new(
+            autocdc::table::catalog::hadoop::HadoopCatalog::new(
+                tmp.path().to_str().unwrap(),
+                None,
+                std::sync::Arc::new(autocdc::fault::Faults::default()),
+            )
+            .unwrap(),
+        );
+        for (cfg, want) in [(&customers, &want_customers), (&orders, &want_orders)] {
+            let flow = Flow::new(cfg.clone()).unwrap();
+            let got = rt.block_on(async {
+                let mut engine = autocdc::table::engine::Engine::open(
+                    flow.clone(),
+                    cat.clone(),
+                    std::sync::Arc::new(autocdc::fault::Faults::default()),
+                )
+                .await
+                .unwrap();
+                let size = match round {
+                    0 => order.len(),
+                    1 => 1,
+                    _ => rng.random_range(1..8),
+                };
+                for (i, chunk) in order.chunks(size).enumerate() {
+                    engine.apply(&decode(&flow, chunk), i as i64).await.unwrap();
+                }
+                let mut rows = BTreeSet::new();
+                for b in engine.scan_target().await.unwrap() {
+                    rows.extend(common::render_all(&b));
+                }
+                rows
+            });
+            let got: BTreeSet<Vec<String>> = got
+                .into_iter()
+                .map(|r| r.iter().map(|v| seconds(v)).collect())
+                .collect();
+            let got = if cfg.name == "customers" {
+                without_toasted(got)
+            } else {
+                got
+            };
+            assert_eq!(&got, want, "round {round}, {}", cfg.name);
+        }
+    }
+}
+
+/// Row 7's `notes` is TOASTed; the update that left it untouched carries
+/// Debezium's placeholder, which autocdc does not resolve yet
+/// (docs/debezium.md, "Not yet"): the column is left out of that row.
+fn without_toasted(rows: BTreeSet<Vec<String>>) -> BTreeSet<Vec<String>> {
+    rows.into_iter()
+        .map(|mut r| {
+            if r[0] == "7" {
+                r[8] = "(toasted)".into();
+            }
+            r
+        })
+        .collect()
+}
+
+/// A time's fractional seconds without trailing zeros (`07.700` and `07.7`
+/// are one value: the reader and the source print them apart).
+fn seconds(v: &str) -> String {
+    let b = v.as_bytes();
+    let Some(dot) = v.find('.') else {
+        return v.to_string();
+    };
+    if dot < 8 || b[dot - 3] != b':' || !b[dot - 2].is_ascii_digit() {
+        return v.to_string();
+    }
+    let end = v[dot + 1..]
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or(v.len(), |i| dot + 1 + i);
+    let frac = v[dot + 1..end].trim_end_matches('0');
+    let dot_part = if frac.is_empty() {
+        String::new()
+    } else {
+        format!(".{frac}")
+    };
+    format!("{}{dot_part}{}", &v[..dot], &v[end..])
+}
