@@ -257,7 +257,7 @@ fn a_snapshot_read_never_wins_over_a_streamed_change() {
     for order in [[&snap, &streamed], [&streamed, &snap]] {
         let mut sim = Sim::new(flow.clone());
         for e in order {
-            sim.apply(&decode(&flow, &[e.clone()])).unwrap();
+            sim.apply(&decode(&flow, std::slice::from_ref(e))).unwrap();
         }
         let want: BTreeMap<i32, Row> = [(1, ("new".to_string(), 2))].into();
         assert_eq!(sim.table(), rendered(&want));
