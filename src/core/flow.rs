@@ -281,6 +281,12 @@ pub struct FlowConfig {
     /// `db.table` for MySQL); `POST /v1/debezium` routes events by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_table: Option<String>,
+    /// A Debezium flow: string or binary columns that PostgreSQL may store
+    /// out of line (TOAST). An update that leaves such a value untouched
+    /// sends Debezium's placeholder, which keeps the key's earlier value
+    /// (the flow keeps each key's changes, as `ignore_null_updates` does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toasted_columns: Option<Vec<String>>,
 }
 
 /// What a flow's input is.
@@ -1268,6 +1274,16 @@ fn ignored_columns(
     key_idx: &[usize],
 ) -> Result<Vec<usize>> {
     let value_cols = without(target_cols, key_idx);
+    if config.format == InputFormat::Debezium {
+        return toasted_columns(config, &value_cols);
+    }
+    if config.toasted_columns.is_some() {
+        return Err(Error::definition(
+            &config.name,
+            codes::INVALID_DEFINITION,
+            "toasted_columns is for format = \"debezium\" flows (Debezium's placeholder for an unchanged TOASTed value)",
+        ));
+    }
     let selected = value_selection(
         config,
         &value_cols,
@@ -1287,6 +1303,51 @@ fn ignored_columns(
         None if config.ignore_null_updates => value_cols,
         None => Vec::new(),
     })
+}
+
+/// A Debezium flow's columns whose placeholder keeps the earlier value
+/// (`toasted_columns`: string or binary value columns). Its nulls are
+/// values: the `ignore_null_updates` settings are refused.
+fn toasted_columns(config: &FlowConfig, value_cols: &[usize]) -> Result<Vec<usize>> {
+    let f = config.name.as_str();
+    if config.ignore_null_updates
+        || config.ignore_null_updates_column_list.is_some()
+        || config.ignore_null_updates_except_column_list.is_some()
+    {
+        return Err(Error::definition(
+            f,
+            codes::INVALID_DEFINITION,
+            "a format = \"debezium\" flow takes no ignore_null_updates: a null in an event is the column's value; name the columns whose untouched TOASTed values arrive as a placeholder in toasted_columns",
+        ));
+    }
+    let Some(names) = &config.toasted_columns else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for name in names {
+        let c = find_column(config, name, "toasted_columns")?;
+        if !value_cols.contains(&c) {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_SELECTION,
+                format!("toasted_columns names `{name}`, which is a key or not in the target"),
+            ));
+        }
+        let ty = config.columns[c].ty.trim().to_ascii_lowercase();
+        if ty != "string" && ty != "binary" {
+            return Err(Error::definition(
+                f,
+                codes::INVALID_DEFINITION,
+                format!(
+                    "toasted_columns names `{name}` of type {ty}; Debezium's placeholder fills string and binary columns"
+                ),
+            ));
+        }
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    Ok(out)
 }
 
 fn without(cols: &[usize], drop: &[usize]) -> Vec<usize> {

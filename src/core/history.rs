@@ -52,8 +52,10 @@ pub struct HistCodec {
     /// Positions in `cols` of the tracked columns (SCD Type 2); empty for SCD Type 1.
     tracked: Vec<usize>,
     scd2: bool,
-    /// Per value column: a null in an upsert keeps the current value.
-    ignore_nulls: Vec<bool>,
+    /// Per value column: the encoded value that keeps the current one (a
+    /// null under `ignore_null_updates`; a Debezium flow's placeholder in
+    /// its `toasted_columns`), or None: the column's nulls are values.
+    keep: Vec<Option<Box<[u8]>>>,
     /// SCD Type 1 with ties rejected: values later upserts overwrite can go.
     prune: bool,
 }
@@ -94,7 +96,26 @@ impl HistCodec {
         } else {
             Vec::new()
         };
-        let ignore_nulls = cols.iter().map(|c| ignored.contains(c)).collect();
+        let keep = cols
+            .iter()
+            .zip(&convs)
+            .zip(&nulls)
+            .map(|((&c, conv), null)| -> Result<Option<Box<[u8]>>> {
+                if !ignored.contains(&c) {
+                    return Ok(None);
+                }
+                if !flow.debezium {
+                    return Ok(Some(null.clone()));
+                }
+                // Debezium's placeholder, as the column holds it.
+                let text: ArrayRef = std::sync::Arc::new(arrow_array::StringArray::from(vec![
+                    crate::core::debezium::PLACEHOLDER,
+                ]));
+                let marker = arrow_cast::cast(&text, flow.source_arrow.field(c).data_type())?;
+                let rows = conv.convert_columns(&[nested::row_view(&marker)?])?;
+                Ok(Some(rows.row(0).as_ref().into()))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let null_vals = Vals::new(nulls.iter().map(|n| &**n));
         Ok(HistCodec {
             cols,
@@ -104,13 +125,24 @@ impl HistCodec {
             null_vals,
             tracked,
             scd2: flow.scd2,
-            ignore_nulls,
+            keep,
             prune: !flow.scd2 && flow.on_tie == TiePolicy::Error,
         })
     }
 
     fn is_null(&self, col: usize, v: &[u8]) -> bool {
         *self.nulls[col] == *v
+    }
+
+    /// Whether `v` in column `col` keeps the column's current value.
+    fn keeps(&self, col: usize, v: &[u8]) -> bool {
+        self.keep[col].as_deref() == Some(v)
+    }
+
+    /// Whether `v` keeps a value and is not a null: Debezium's placeholder,
+    /// which is a null where the key has no earlier value.
+    fn placeholder(&self, col: usize, v: &[u8]) -> bool {
+        self.keeps(col, v) && !self.is_null(col, v)
     }
 
     /// The value columns of `batch`, encoded.
@@ -1083,7 +1115,7 @@ impl Version {
 /// A version borrows its values from its event; only values merged under
 /// `ignore_null_updates` are copied.
 pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
-    let ignoring = hc.ignore_nulls.contains(&true);
+    let ignoring = hc.keep.iter().any(Option::is_some);
     let mut out = Vec::new();
     let mut cur: Option<Version> = None;
     for (i, e) in events.iter().enumerate() {
@@ -1096,14 +1128,21 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
         }
         let ev = e.vals();
         let merged: Option<Vals> = match &cur {
-            Some(v)
-                if ignoring
-                    && (0..ev.len()).any(|c| hc.ignore_nulls[c] && hc.is_null(c, ev.get(c))) =>
-            {
+            Some(v) if ignoring && (0..ev.len()).any(|c| hc.keeps(c, ev.get(c))) => {
                 let prev = v.vals(events);
+                Some(Vals::new(
+                    ev.iter().enumerate().map(
+                        |(c, b)| {
+                            if hc.keeps(c, b) { prev.get(c) } else { b }
+                        },
+                    ),
+                ))
+            }
+            // A placeholder with no earlier value is a null.
+            None if ignoring && (0..ev.len()).any(|c| hc.placeholder(c, ev.get(c))) => {
                 Some(Vals::new(ev.iter().enumerate().map(|(c, b)| {
-                    if hc.ignore_nulls[c] && hc.is_null(c, b) {
-                        prev.get(c)
+                    if hc.placeholder(c, b) {
+                        &*hc.nulls[c]
                     } else {
                         b
                     }
@@ -1182,7 +1221,7 @@ fn prune(hc: &HistCodec, events: &mut [Event]) {
             continue;
         }
         let nonnull: Vec<usize> = (0..ncols)
-            .filter(|&c| !hc.is_null(c, e.vals().get(c)))
+            .filter(|&c| !hc.is_null(c, e.vals().get(c)) && !hc.keeps(c, e.vals().get(c)))
             .collect();
         if later_upsert && !nonnull.is_empty() && nonnull.iter().all(|&c| covered[c]) {
             *e = e.with_vals(hc.null_vals.as_ref());
@@ -1191,8 +1230,8 @@ fn prune(hc: &HistCodec, events: &mut [Event]) {
             covered[c] = true;
         }
         // A column whose nulls are not ignored is decided by the latest upsert.
-        for (c, ignored) in hc.ignore_nulls.iter().enumerate() {
-            if !ignored {
+        for (c, keep) in hc.keep.iter().enumerate() {
+            if keep.is_none() {
                 covered[c] = true;
             }
         }
@@ -1572,7 +1611,7 @@ fn refold_from(hc: &HistCodec, old: &[Event], first: usize) -> usize {
         return 0;
     }
     let first = first.min(old.len());
-    if !hc.scd2 || hc.prune || hc.ignore_nulls.contains(&true) {
+    if !hc.scd2 || hc.prune || hc.keep.iter().any(Option::is_some) {
         return old[..first].iter().rposition(Event::is_delete).unwrap_or(0);
     }
     if old[first - 1].is_delete() {
