@@ -827,6 +827,7 @@ fn the_openapi_document_matches_the_routes() {
             ("PUT", "/v1/flows/{flow}"),
             ("DELETE", "/v1/flows/{flow}"),
             ("POST", "/v1/flows/{flow}/changes"),
+            ("POST", "/v1/debezium"),
             ("POST", "/v1/flows/{flow}/snapshots"),
             ("POST", "/v1/flows/{flow}/commit"),
             ("GET", "/v1/flows/{flow}/dead-letters"),

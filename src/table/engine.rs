@@ -658,31 +658,27 @@ fn repartition(
     Ok(Some(spec))
 }
 
-/// One flow writes a target: the flow that made it (the target's and the
-/// state table's `autocdc.flow` property) and the flow of its latest
-/// autocdc snapshot must be this one. Two flows on one table would each
+/// One flow writes a target: the flow that made its state table (that
+/// table's `autocdc.flow` property, else the flow of the target's latest
+/// autocdc snapshot) must be this one. Two flows on one table would each
 /// resolve against their own view of the state and undo each other's rows.
+/// A target without a state table is adopted (its rows are another writer's).
 fn check_owner(flow: &Flow, target: &TableState, state: Option<&TableState>) -> Result<()> {
-    let tables = [Some(target), state].into_iter().flatten();
-    let by_property = tables
-        .filter_map(|t| t.metadata.properties().get(PROP_FLOW).map(|o| (o, t)))
-        .find(|(o, _)| **o != flow.name)
-        .map(|(o, t)| {
-            (
-                o.clone(),
-                format!("its table property {PROP_FLOW} on {}", t.ident),
-            )
-        });
-    let by_snapshot = || {
-        current_chain(&target.metadata)
+    let Some(state) = state else {
+        return Ok(());
+    };
+    let owner = match state.metadata.properties().get(PROP_FLOW) {
+        Some(o) => Some((
+            o.clone(),
+            format!("the {PROP_FLOW} property of {}", state.ident),
+        )),
+        None => current_chain(&target.metadata)
             .take(MAX_OWNER_WALK)
             .find_map(|s| s.summary().additional_properties.get(PROP_FLOW).cloned())
-            .filter(|o| *o != flow.name)
-            .map(|o| (o, "its latest autocdc snapshot".to_string()))
+            .map(|o| (o, "its latest autocdc snapshot".to_string())),
     };
-    match by_property.or_else(by_snapshot) {
-        None => Ok(()),
-        Some((owner, why)) => Err(Error::Definition {
+    match owner {
+        Some((owner, why)) if owner != flow.name => Err(Error::Definition {
             code: codes::TARGET_IN_USE,
             flow: flow.name.clone(),
             message: format!(
@@ -692,6 +688,7 @@ fn check_owner(flow: &Flow, target: &TableState, state: Option<&TableState>) -> 
                 flow.state_ident()
             ),
         }),
+        _ => Ok(()),
     }
 }
 
