@@ -527,6 +527,82 @@ pub fn changes(
     Ok(RecordBatch::try_new(schema.clone(), cols)?)
 }
 
+/// `CHANGES_FLOW`'s columns as a Debezium flow: its sequence and deletes
+/// come from the events (`to_debezium`).
+pub const DEBEZIUM_FLOW: &str = r#"
+name = "changes"
+target = "bench.events"
+keys = ["id"]
+format = "debezium"
+source_table = "public.events"
+columns = [
+  { name = "id", type = "long", required = true },
+  { name = "amount", type = "double" },
+  { name = "note", type = "string" },
+]
+"#;
+
+/// A batch of `CHANGES_FLOW` (`changes`) as a JSON array of the Debezium
+/// events PostgreSQL's connector would send for it (schemas on, as the
+/// JSON converter's default): `seq` becomes the transaction's position,
+/// `DELETE` a `d` with the key in `before`, anything else a `u`.
+pub fn to_debezium(batch: &RecordBatch) -> crate::Result<Vec<u8>> {
+    use arrow_array::Array;
+    use serde_json::{Value, json};
+    let col = |i: usize| batch.column(i).as_any();
+    let (Some(id), Some(seq), Some(op), Some(amount), Some(note)) = (
+        col(0).downcast_ref::<Int64Array>(),
+        col(1).downcast_ref::<Int64Array>(),
+        col(2).downcast_ref::<StringArray>(),
+        col(3).downcast_ref::<arrow_array::Float64Array>(),
+        col(4).downcast_ref::<StringArray>(),
+    ) else {
+        return Err(crate::Error::Config("not a batch of CHANGES_FLOW".into()));
+    };
+    let row = |name: &str| {
+        json!({"type": "struct", "optional": true, "field": name, "name": "bench.public.events.Value", "fields": [
+            {"type": "int64", "optional": false, "field": "id"},
+            {"type": "double", "optional": true, "field": "amount"},
+            {"type": "string", "optional": true, "field": "note"}
+        ]})
+    };
+    let schema = json!({"type": "struct", "optional": false, "name": "bench.public.events.Envelope", "version": 2, "fields": [
+        row("before"), row("after"),
+        {"type": "struct", "optional": false, "field": "source", "name": "io.debezium.connector.postgresql.Source", "fields": [
+            {"type": "string", "optional": false, "field": "version"},
+            {"type": "string", "optional": false, "field": "connector"},
+            {"type": "string", "optional": false, "field": "name"},
+            {"type": "int64", "optional": false, "field": "ts_ms"},
+            {"type": "string", "optional": true, "field": "snapshot"},
+            {"type": "string", "optional": false, "field": "db"},
+            {"type": "string", "optional": true, "field": "sequence"},
+            {"type": "string", "optional": false, "field": "schema"},
+            {"type": "string", "optional": false, "field": "table"},
+            {"type": "int64", "optional": true, "field": "txId"},
+            {"type": "int64", "optional": true, "field": "lsn"}
+        ]},
+        {"type": "string", "optional": false, "field": "op"},
+        {"type": "int64", "optional": true, "field": "ts_ms"}
+    ]});
+    let events: Vec<Value> = (0..batch.num_rows())
+        .map(|i| {
+            let s = seq.value(i);
+            let image = json!({"id": id.value(i), "amount": amount.value(i), "note": note.value(i)});
+            let delete = op.value(i) == "DELETE";
+            json!({"schema": schema, "payload": {
+                "before": if delete { json!({"id": id.value(i), "amount": null, "note": null}) } else { Value::Null },
+                "after": if delete { Value::Null } else { image },
+                "source": {"version": "3.6.3.Final", "connector": "postgresql", "name": "bench", "ts_ms": 0,
+                           "snapshot": "false", "db": "bench", "sequence": format!("[\"{s}\",\"{s}\"]"),
+                           "schema": "public", "table": "events", "txId": s, "lsn": s},
+                "op": if delete { "d" } else { "u" },
+                "ts_ms": 0
+            }})
+        })
+        .collect();
+    Ok(serde_json::to_vec(&events)?)
+}
+
 /// `batch` as NDJSON.
 pub fn to_ndjson(batch: &RecordBatch) -> crate::Result<Vec<u8>> {
     let mut w = arrow_json::LineDelimitedWriter::new(Vec::new());

@@ -32,7 +32,8 @@ pub struct LoadArgs {
     /// Concurrent client connections.
     #[arg(long, default_value_t = 4)]
     pub connections: usize,
-    /// ndjson, arrow, or both.
+    /// ndjson, arrow, debezium (the same changes as Debezium events to
+    /// `/v1/debezium`), both (ndjson and arrow), or a comma-separated list.
     #[arg(long, default_value = "both")]
     pub format: String,
     /// The service's commit_interval.
@@ -98,6 +99,18 @@ async fn push_bodies(
     Ok(lat)
 }
 
+/// The flow a format's load goes to.
+fn load_flow(format: &str) -> Result<crate::core::flow::FlowConfig> {
+    let (name, target) = (format!("load_{format}"), format!("bench.load_{format}"));
+    if format != "debezium" {
+        return generate::changes_flow(&name, &target);
+    }
+    let mut cfg: crate::core::flow::FlowConfig =
+        toml::from_str(generate::DEBEZIUM_FLOW).map_err(|e| Error::Config(e.to_string()))?;
+    (cfg.name, cfg.target) = (name, target);
+    Ok(cfg)
+}
+
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -108,18 +121,20 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 pub async fn run(a: LoadArgs) -> Result<()> {
     let tmp = std::env::temp_dir().join(format!("autocdc-load-{}", uuid::Uuid::new_v4()));
     let mut flows = Vec::new();
-    let formats: Vec<&str> = match a.format.as_str() {
-        "both" => vec!["ndjson", "arrow"],
-        "ndjson" => vec!["ndjson"],
-        "arrow" => vec!["arrow"],
-        other => {
-            return Err(Error::Config(format!(
-                "--format {other}: use ndjson, arrow or both"
-            )));
+    let mut formats: Vec<&str> = Vec::new();
+    for f in a.format.split(',').map(str::trim) {
+        match f {
+            "both" => formats.extend(["ndjson", "arrow"]),
+            "ndjson" | "arrow" | "debezium" => formats.push(f),
+            other => {
+                return Err(Error::Config(format!(
+                    "--format {other}: use ndjson, arrow, debezium or both (or a list: ndjson,debezium)"
+                )));
+            }
         }
-    };
+    }
     for f in &formats {
-        let mut cfg = generate::changes_flow(&format!("load_{f}"), &format!("bench.load_{f}"))?;
+        let mut cfg = load_flow(f)?;
         cfg.commit_interval = Some(a.commit_interval.clone());
         cfg.max_uncommitted_bytes = Some(8 << 30);
         flows.push(cfg);
@@ -174,21 +189,28 @@ pub async fn run(a: LoadArgs) -> Result<()> {
     );
     for f in &formats {
         let name = format!("load_{f}");
-        let flow = Flow::new(generate::changes_flow(&name, &format!("bench.{name}"))?)?;
-        let bodies: Vec<Vec<u8>> = batches(&flow, &a)?
+        // Every format pushes the same changes (the rows flow's batches).
+        let rows_flow = Flow::new(generate::changes_flow(&name, &format!("bench.{name}"))?)?;
+        let bodies: Vec<Vec<u8>> = batches(&rows_flow, &a)?
             .iter()
             .map(|b| match *f {
                 "ndjson" => generate::to_ndjson(b),
+                "debezium" => generate::to_debezium(b),
                 _ => input::encode_arrow_ipc(b),
             })
             .collect::<Result<_>>()?;
         let bodies = Arc::new(bodies);
-        let ctype = if *f == "ndjson" {
-            crate::service::http::NDJSON
-        } else {
-            crate::service::http::ARROW_STREAM
+        let (ctype, url) = match *f {
+            "ndjson" => (
+                crate::service::http::NDJSON,
+                format!("{base}/v1/flows/{name}/changes"),
+            ),
+            "debezium" => ("application/json", format!("{base}/v1/debezium")),
+            _ => (
+                crate::service::http::ARROW_STREAM,
+                format!("{base}/v1/flows/{name}/changes"),
+            ),
         };
-        let url = format!("{base}/v1/flows/{name}/changes");
         let next = Arc::new(AtomicUsize::new(0));
         let throttled = Arc::new(AtomicUsize::new(0));
         let start = Instant::now();
