@@ -321,6 +321,13 @@ pub fn decode_value(schema: Option<&Value>, v: &Value, column: &Type) -> Result<
             }
         }
         _ => match (column, v) {
+            // `io.debezium.data.Uuid` is the canonical text; a uuid column
+            // reads its 32 hex digits.
+            (Type::Primitive(PrimitiveType::Uuid), Value::String(s))
+                if s.len() == 36 && s.bytes().filter(|&b| b == b'-').count() == 4 =>
+            {
+                text(s.replace('-', ""))
+            }
             (Type::Primitive(PrimitiveType::Decimal { scale, .. }), Value::String(s))
                 if schema.is_none() && s.parse::<f64>().is_err() =>
             {
@@ -620,6 +627,25 @@ mod tests {
         assert_eq!(
             decode_value(Some(&z), &json!("2024-01-01T10:00:00Z"), &any).unwrap(),
             Cell::Json(json!("2024-01-01T10:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn uuids_in_canonical_text_fill_uuid_columns() {
+        let uuid = Type::Primitive(PrimitiveType::Uuid);
+        let named = json!({"type": "string", "name": "io.debezium.data.Uuid"});
+        let v = json!("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11");
+        for schema in [Some(&named), None] {
+            assert_eq!(
+                decode_value(schema, &v, &uuid).unwrap(),
+                Cell::Json(json!("a0eebc999c0b4ef8bb6d6bb9bd380a11"))
+            );
+        }
+        // A string column keeps the text as it is.
+        let s = Type::Primitive(PrimitiveType::String);
+        assert_eq!(
+            decode_value(Some(&named), &v, &s).unwrap(),
+            Cell::Json(v.clone())
         );
     }
 
