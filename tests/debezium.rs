@@ -215,6 +215,29 @@ fn decode(flow: &Flow, events: &[Value]) -> arrow_array::RecordBatch {
     .0
 }
 
+/// Gives `events` to `step` in the batches `cuts` (percentages of the
+/// length) make, and `None` (a restart) after batch `restart_at`.
+fn in_batches(
+    events: &[Value],
+    cuts: &[usize],
+    restart_at: usize,
+    mut step: impl FnMut(Option<&[Value]>),
+) {
+    let mut ends: Vec<usize> = cuts.iter().map(|c| c * events.len() / 100).collect();
+    ends.push(events.len());
+    ends.sort_unstable();
+    let mut from = 0;
+    for (i, &to) in ends.iter().enumerate() {
+        if to > from {
+            step(Some(&events[from..to]));
+            from = to;
+        }
+        if i == restart_at {
+            step(None);
+        }
+    }
+}
+
 fn rendered(table: &BTreeMap<i32, Row>) -> BTreeSet<Vec<String>> {
     table
         .iter()
@@ -247,19 +270,12 @@ proptest! {
         events.shuffle(&mut rng);
         let flow = Flow::new(customers_cfg()).unwrap();
         let mut sim = Sim::new(flow.clone());
-        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c * events.len() / 100).collect();
-        cuts.push(events.len());
-        cuts.sort_unstable();
-        let mut from = 0;
-        for (i, &to) in cuts.iter().enumerate() {
-            if to > from {
-                sim.apply(&decode(&flow, &events[from..to])).unwrap();
-                from = to;
+        in_batches(&events, &cuts, restart_at, |b| {
+            match b {
+                Some(events) => { sim.apply(&decode(&flow, events)).unwrap(); }
+                None => sim.restart(),
             }
-            if i == restart_at {
-                sim.restart();
-            }
-        }
+        });
         prop_assert_eq!(sim.table(), rendered(&want));
         prop_assert_eq!(sim.stats.ties, 0);
     }
@@ -281,19 +297,12 @@ proptest! {
         events.shuffle(&mut StdRng::seed_from_u64(seed ^ 0x51));
         let flow = Flow::new(toasted_cfg("")).unwrap();
         let mut sim = common::scd::HistSim::new(flow.clone());
-        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c * events.len() / 100).collect();
-        cuts.push(events.len());
-        cuts.sort_unstable();
-        let mut from = 0;
-        for (i, &to) in cuts.iter().enumerate() {
-            if to > from {
-                sim.apply(&decode(&flow, &events[from..to])).unwrap();
-                from = to;
+        in_batches(&events, &cuts, restart_at, |b| {
+            match b {
+                Some(events) => { sim.apply(&decode(&flow, events)).unwrap(); }
+                None => sim.restart(),
             }
-            if i == restart_at {
-                sim.restart();
-            }
-        }
+        });
         prop_assert_eq!(sim.table(), rendered(&want));
     }
 }
