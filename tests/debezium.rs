@@ -890,3 +890,20 @@ fn the_bench_events_are_the_bench_changes() {
     assert!(!projected.is_empty());
     assert_eq!(d.table(), projected);
 }
+
+/// The flow docs/debezium.md shows is a valid definition.
+#[test]
+fn the_documented_flow_is_valid() {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/debezium.md")).unwrap();
+    let open = "```toml\n[[flow]]\n";
+    let start = doc.find(open).expect("a [[flow]] example") + open.len();
+    let end = start + doc[start..].find("```").unwrap();
+    let cfg: FlowConfig = toml::from_str(&doc[start..end]).unwrap();
+    let flow = Flow::new(cfg).unwrap();
+    assert!(flow.debezium);
+    assert_eq!(
+        flow.config.source_table.as_deref(),
+        Some("public.customers")
+    );
+}
