@@ -89,8 +89,37 @@ pub struct Position {
     pub phase: i32,
     pub pos: [i64; 4],
     /// 0 for a delete, 1 otherwise: a primary-key change is a delete and a
-    /// create at one position, in that order.
+    /// create at one position, in that order. -1: the end of a table's
+    /// snapshot (`snapshot_end`), below every event at its position.
     pub rank: i32,
+}
+
+impl Position {
+    /// Where a table's completed snapshot truncates: just below its reads.
+    /// A snapshot that runs again (Debezium stopped before it completed) is
+    /// authoritative: when it completes, every key whose latest change is a
+    /// read of an earlier snapshot (a lower position) is gone from the
+    /// source, as FROM SNAPSHOT would have it; the reads of this snapshot
+    /// and every streamed change sort above this and stay.
+    pub fn snapshot_end(self) -> Position {
+        Position {
+            phase: 0,
+            pos: self.pos,
+            rank: -1,
+        }
+    }
+}
+
+/// Whether an event is the last read of its table's snapshot
+/// (`source.snapshot` is `last_in_data_collection`, or `last` for the last
+/// table of the snapshot). Incremental snapshots (`incremental`) never end
+/// one: they read chunks beside the stream.
+pub fn ends_snapshot(source: &Value, op: Op) -> bool {
+    op == Op::Read
+        && matches!(
+            source.get("snapshot").and_then(Value::as_str),
+            Some("last" | "last_in_data_collection")
+        )
 }
 
 /// An unsigned 64-bit position as a signed one of the same order.

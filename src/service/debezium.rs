@@ -254,7 +254,8 @@ fn row_schema<'a>(schema: Option<&'a Value>, which: &str) -> Option<&'a Vec<Valu
 /// `add_columns` flow adds them), as for any push.
 pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBatch, Skipped)> {
     let mut skipped = Skipped::default();
-    let mut kept: Vec<&Change> = Vec::with_capacity(changes.len());
+    // Per row: its event's index in the body, and its op.
+    let mut kept: Vec<(usize, Op)> = Vec::with_capacity(changes.len());
     let mut objects: Vec<Vec<u8>> = Vec::with_capacity(changes.len());
     let mut positions: Vec<Position> = Vec::with_capacity(changes.len());
     let binary: Vec<usize> = (0..flow.config.columns.len())
@@ -271,6 +272,16 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
         let source = c.payload.get("source").unwrap_or(&Value::Null);
         let position =
             debezium::position(source, c.op).map_err(|m| err(format!("event {}: {m}", c.index)))?;
+        if flow.truncates.is_some() && debezium::ends_snapshot(source, c.op) {
+            // The table's snapshot is complete: a truncate just below its
+            // reads removes what an earlier, partial snapshot left.
+            objects.push(b"{}".to_vec());
+            positions.push(position.snapshot_end());
+            kept.push((c.index, Op::Truncate));
+            for b in &mut bytes {
+                b.push(None);
+            }
+        }
         let which = if c.op == Op::Delete {
             "before"
         } else {
@@ -350,7 +361,7 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
         }
         objects.push(serde_json::to_vec(&Value::Object(flat))?);
         positions.push(position);
-        kept.push(c);
+        kept.push((c.index, c.op));
     }
     let refs: Vec<&[u8]> = objects.iter().map(Vec::as_slice).collect();
     let batch = input::decode_json_rows(flow, &refs, strict).map_err(|e| match e {
@@ -364,7 +375,7 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
         } => Error::Batch {
             code,
             flow,
-            row: kept.get(row).map_or(row, |c| c.index),
+            row: kept.get(row).map_or(row, |k| k.0),
             column,
             message,
         },
@@ -378,7 +389,7 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
     }
     let hidden = flow.config.columns.len();
     cols[hidden] = Arc::new(StringArray::from_iter_values(
-        kept.iter().map(|c| c.op.code()),
+        kept.iter().map(|k| k.1.code()),
     ));
     cols[hidden + 1] = Arc::new(Int32Array::from_iter_values(
         positions.iter().map(|p| p.phase),
