@@ -152,8 +152,9 @@ class PrivatePostgres:
 # ---------------------------------------------------------------- autocdc
 
 
-def config_toml(port, work):
-    """One server, a Hadoop catalog in WORK, the two Debezium flows."""
+def config_toml(port, work, flows=None):
+    """One server, a Hadoop catalog in WORK, the two Debezium flows (or
+    `flows`, shaped as FLOWS: integration/debezium_kill.py has its own)."""
     out = [
         "[server]",
         f'listen = "127.0.0.1:{port}"',
@@ -164,7 +165,7 @@ def config_toml(port, work):
         f"warehouse = {json.dumps(os.path.join(work, 'warehouse'))}",
         "",
     ]
-    for name, (source, keys, columns) in FLOWS.items():
+    for name, (source, keys, columns) in (flows or FLOWS).items():
         out += [
             "[[flow]]",
             f'name = "{name}"',
@@ -420,9 +421,10 @@ def short(v):
     return v
 
 
-def compare(pg, con, warehouse, flow):
-    """The problems found in one flow's table (empty: equal)."""
-    source, keys, declared = FLOWS[flow]
+def compare(pg, con, warehouse, flow, flows=None):
+    """The problems found in one flow's table (empty: equal); `flows` as in
+    config_toml."""
+    source, keys, declared = (flows or FLOWS)[flow]
     metadata = current_metadata(warehouse, flow)
     meta = json.load(open(metadata))
     schema = next(s for s in meta["schemas"] if s["schema-id"] == meta["current-schema-id"])

@@ -406,9 +406,8 @@ fn engine_table(flow: &Flow, chunks: &[Vec<Value>]) -> BTreeSet<Vec<String>> {
         .unwrap(),
     );
     rt.block_on(async {
-        let open = || {
-            autocdc::table::engine::Engine::open(flow.clone(), cat.clone(), faults.clone())
-        };
+        let open =
+            || autocdc::table::engine::Engine::open(flow.clone(), cat.clone(), faults.clone());
         let mut engine = open().await.unwrap();
         for (i, chunk) in chunks.iter().enumerate() {
             if i == chunks.len() / 2 {
@@ -436,7 +435,16 @@ fn a_snapshot_run_again_is_authoritative_when_it_completes() {
     let row = |name: &str, cents: i64| (name.to_string(), cents);
     // The first snapshot (at 1,000) delivered ids 0..6 and stopped.
     let first: Vec<Value> = (0..6)
-        .map(|id| pg_event("customers", "r", id, Some(&row("first", id as i64)), None, 1_000))
+        .map(|id| {
+            pg_event(
+                "customers",
+                "r",
+                id,
+                Some(&row("first", id as i64)),
+                None,
+                1_000,
+            )
+        })
         .collect();
     // Meanwhile 1, 3 and 5 were deleted, 2 updated, 7 inserted; the second
     // snapshot (at 2,000) reads the table as it is, its last read marked.
@@ -456,7 +464,14 @@ fn a_snapshot_run_again_is_authoritative_when_it_completes() {
     let stream = vec![
         pg_event("customers", "c", 3, Some(&row("back", 3)), None, 2_100),
         pg_event("customers", "d", 0, None, Some(2_101), 2_150),
-        pg_event("customers", "u", 4, Some(&row("streamed", 44)), Some(2_151), 2_200),
+        pg_event(
+            "customers",
+            "u",
+            4,
+            Some(&row("streamed", 44)),
+            Some(2_151),
+            2_200,
+        ),
     ];
     let mut want = now.clone();
     want.insert(3, row("back", 3));
@@ -563,6 +578,97 @@ fn serve_config(dir: &std::path::Path) -> autocdc::config::Config {
     let mut customers = customers_cfg();
     customers.commit_interval = Some("1h".into());
     config(dir, vec![customers, toml::from_str(ORDERS).unwrap()])
+}
+
+/// Flows' logs that open only when `go` says so: the service stays
+/// recovering (listening, not ready) until then.
+struct HeldLogs {
+    inner: autocdc::service::wal::LocalLogs,
+    go: tokio::sync::watch::Receiver<bool>,
+}
+
+#[async_trait::async_trait]
+impl autocdc::service::wal::LogFactory for HeldLogs {
+    async fn identity(&self, flow: &str) -> autocdc::Result<String> {
+        self.inner.identity(flow).await
+    }
+    async fn open(
+        &self,
+        flow: &str,
+        committed: i64,
+        max_bytes: u64,
+    ) -> autocdc::Result<std::sync::Arc<dyn autocdc::service::wal::IngestLog>> {
+        let _ = self.go.clone().wait_for(|g| *g).await;
+        self.inner.open(flow, committed, max_bytes).await
+    }
+}
+
+/// Regression: while the flows recover, `/v1/debezium` answered 202 and
+/// skipped every event as "a table no flow takes" (the flows were not
+/// back yet), so the sink dropped them. It answers 503 until they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_sent_while_the_flows_recover_are_refused_not_dropped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = serve_config(tmp.path());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    cfg.server.listen = format!("127.0.0.1:{port}");
+    let faults = std::sync::Arc::new(autocdc::fault::Faults::default());
+    let (go, held) = tokio::sync::watch::channel(false);
+    let logs = std::sync::Arc::new(HeldLogs {
+        inner: autocdc::service::wal::LocalLogs::new(tmp.path().join("data/flows"), faults.clone()),
+        go: held,
+    });
+    let starting = tokio::spawn(autocdc::service::http::start_with_logs(cfg, faults, logs));
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let event = pg_event("customers", "c", 1, Some(&("Ann".into(), 1)), None, 10);
+    let body = json!([event]).to_string();
+    let mut answered = None;
+    for _ in 0..200 {
+        match client
+            .post(format!("{base}/v1/debezium"))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+        {
+            Ok(r) => {
+                let s = r.status().as_u16();
+                answered = Some((s, r.json::<Value>().await.unwrap_or_default()));
+                break;
+            }
+            // Not listening yet.
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+        }
+    }
+    let (s, v) = answered.expect("the service listens while it recovers");
+    assert_eq!(s, 503, "{v}");
+    assert_eq!(v["error"]["code"], codes::UNAVAILABLE, "{v}");
+    go.send(true).unwrap();
+    let r = starting.await.unwrap().unwrap();
+    let (s, v) = post(
+        &client,
+        &url(&r, "/v1/debezium"),
+        "application/json",
+        body,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, v["flows"]["customers"]["accepted"].as_u64()),
+        (202, Some(1)),
+        "{v}"
+    );
+    commit(&client, &r, "customers").await;
+    r.stop().await.unwrap();
+    assert_eq!(
+        table(tmp.path(), "customers").await,
+        common::rows(&[&["1", "Ann", "0.01"]])
+    );
 }
 
 /// Debezium Server's HTTP sink: one URL for every table, a JSON array per

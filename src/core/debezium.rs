@@ -114,12 +114,8 @@ impl Position {
 /// (`source.snapshot` is `last_in_data_collection`, or `last` for the last
 /// table of the snapshot). Incremental snapshots (`incremental`) never end
 /// one: they read chunks beside the stream.
-pub fn ends_snapshot(source: &Value, op: Op) -> bool {
-    op == Op::Read
-        && matches!(
-            source.get("snapshot").and_then(Value::as_str),
-            Some("last" | "last_in_data_collection")
-        )
+pub fn ends_snapshot(snapshot: Option<&str>, op: Op) -> bool {
+    op == Op::Read && matches!(snapshot, Some("last" | "last_in_data_collection"))
 }
 
 /// An unsigned 64-bit position as a signed one of the same order.
@@ -153,16 +149,19 @@ fn unsigned(v: Option<&Value>, what: &str) -> Result<u64, String> {
 ///
 /// Any other connector is refused: its order is not derived yet.
 pub fn position(source: &Value, op: Op) -> Result<Position, String> {
-    let connector = source
-        .get("connector")
-        .and_then(Value::as_str)
-        .unwrap_or("");
+    position_of(&|k| source.get(k).cloned(), op)
+}
+
+/// `position`, the source block's fields given by `get` (a reader that
+/// does not build the whole block).
+pub fn position_of(get: &dyn Fn(&str) -> Option<Value>, op: Op) -> Result<Position, String> {
+    let connector = get("connector");
+    let connector = connector.as_ref().and_then(Value::as_str).unwrap_or("");
     let phase = i32::from(op != Op::Read);
     let rank = i32::from(op != Op::Delete);
-    let get = |k: &str| source.get(k);
     let pos = match connector {
         "postgresql" => {
-            let (last, lsn) = match get("sequence") {
+            let (last, lsn) = match get("sequence").as_ref() {
                 Some(Value::String(s)) => {
                     let pair: Vec<Value> = serde_json::from_str(s).map_err(|_| {
                         format!("source.sequence = \"{}\" is not a JSON array", clip(s))
@@ -174,17 +173,18 @@ pub fn position(source: &Value, op: Op) -> Result<Position, String> {
                         ));
                     }
                     let lsn = match &pair[1] {
-                        Value::Null => unsigned(get("lsn"), "lsn")?,
+                        Value::Null => unsigned(get("lsn").as_ref(), "lsn")?,
                         v => unsigned(Some(v), "sequence[1]")?,
                     };
                     (unsigned(Some(&pair[0]), "sequence[0]")?, lsn)
                 }
-                _ => (0, unsigned(get("lsn"), "lsn")?),
+                _ => (0, unsigned(get("lsn").as_ref(), "lsn")?),
             };
             [ordered(last), ordered(lsn), 0, 0]
         }
         "mysql" | "mariadb" => {
-            let file = get("file").and_then(Value::as_str).unwrap_or("");
+            let file = get("file");
+            let file = file.as_ref().and_then(Value::as_str).unwrap_or("");
             let number = file
                 .rsplit('.')
                 .next()
@@ -197,15 +197,15 @@ pub fn position(source: &Value, op: Op) -> Result<Position, String> {
                 })?;
             [
                 ordered(number),
-                ordered(unsigned(get("pos"), "pos")?),
-                ordered(unsigned(get("row"), "row")?),
+                ordered(unsigned(get("pos").as_ref(), "pos")?),
+                ordered(unsigned(get("row").as_ref(), "row")?),
                 0,
             ]
         }
         "sqlserver" => {
-            let (c_hi, c_slot) = sqlserver_lsn(get("commit_lsn"), "commit_lsn")?;
-            let (h_hi, h_slot) = sqlserver_lsn(get("change_lsn"), "change_lsn")?;
-            let serial = unsigned(get("event_serial_no"), "event_serial_no")?;
+            let (c_hi, c_slot) = sqlserver_lsn(get("commit_lsn").as_ref(), "commit_lsn")?;
+            let (h_hi, h_slot) = sqlserver_lsn(get("change_lsn").as_ref(), "change_lsn")?;
+            let serial = unsigned(get("event_serial_no").as_ref(), "event_serial_no")?;
             if serial > u64::from(u32::MAX) {
                 return Err(format!("source.event_serial_no = {serial} is out of range"));
             }
@@ -259,6 +259,39 @@ fn sqlserver_lsn(v: Option<&Value>, what: &str) -> Result<(u64, u16), String> {
 pub enum Cell {
     Json(Value),
     Bytes(Vec<u8>),
+}
+
+/// Whether `decode_value` gives every value of a field with this schema
+/// back as it is for a column of type `column` (a reader may then copy the
+/// value's JSON text instead of decoding it).
+pub fn passes_through(schema: Option<&Value>, column: &Type) -> bool {
+    let name = schema.and_then(|s| s.get("name")).and_then(Value::as_str);
+    let ty = schema.and_then(|s| s.get("type")).and_then(Value::as_str);
+    let decoded_name = matches!(
+        name,
+        Some(
+            "org.apache.kafka.connect.data.Decimal"
+                | "io.debezium.data.VariableScaleDecimal"
+                | "io.debezium.time.Date"
+                | "org.apache.kafka.connect.data.Date"
+                | "io.debezium.time.Time"
+                | "org.apache.kafka.connect.data.Time"
+                | "io.debezium.time.MicroTime"
+                | "io.debezium.time.NanoTime"
+                | "io.debezium.time.Timestamp"
+                | "org.apache.kafka.connect.data.Timestamp"
+                | "io.debezium.time.MicroTimestamp"
+                | "io.debezium.time.NanoTimestamp"
+        )
+    );
+    !decoded_name
+        && ty != Some("bytes")
+        && !matches!(
+            column,
+            Type::Primitive(
+                PrimitiveType::Binary | PrimitiveType::Uuid | PrimitiveType::Decimal { .. }
+            )
+        )
 }
 
 /// Decodes one field of `after` / `before` for a column of type `column`,

@@ -11,12 +11,15 @@
 //! without its key is refused with the event's index, and nothing of the
 //! body is applied.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, BinaryArray, Int32Array, Int64Array, RecordBatch, StringArray};
 use iceberg::spec::{PrimitiveType, Type};
-use serde::Serialize;
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::core::debezium::{self, Cell, Op, Position};
@@ -24,17 +27,29 @@ use crate::core::flow::Flow;
 use crate::error::{Error, Result, codes};
 use crate::service::input::{self, BodyFormat, Limits};
 
-/// One change event of a body.
+/// One change event of a body, its parts borrowed from the body.
 #[derive(Debug)]
-pub struct Change {
+pub struct Change<'a> {
     /// Its place in the body (0-based), for errors.
     pub index: usize,
     /// `schema.table` (`db.table` where the source has no schema).
     pub table: String,
     pub op: Op,
-    payload: Value,
+    source: Source<'a>,
+    before: Option<&'a RawValue>,
+    after: Option<&'a RawValue>,
     /// The value schema, when the event is wrapped.
-    schema: Option<Value>,
+    schema: Option<Arc<EventSchema>>,
+}
+
+impl<'a> Change<'a> {
+    /// The row image a change carries: `before` for a delete, else `after`.
+    fn image(&self) -> (&'static str, Option<&'a RawValue>) {
+        match self.op {
+            Op::Delete => ("before", self.before),
+            _ => ("after", self.after),
+        }
+    }
 }
 
 /// What a body held that is no change of a flow, by kind.
@@ -72,13 +87,409 @@ fn event_err(flow: &str, index: usize, message: String) -> Error {
     }
 }
 
-/// The elements of a body, under `limits.max_rows`.
-pub fn elements<'a>(
+/// A field present in an event (null too: `Some("null")`); absent is `None`.
+fn present<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// The parts of an event, or of its wrapper, that a reader needs; the rest
+/// is skipped unread.
+#[derive(Deserialize, Default)]
+struct Parts<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    schema: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    payload: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    before: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    after: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    source: Option<Source<'a>>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    op: Option<&'a RawValue>,
+}
+
+impl Parts<'_> {
+    /// `{"schema", "payload"}` (`schemas.enable=true`), not an event.
+    fn is_wrapper(&self) -> bool {
+        self.payload.is_some()
+            && self.op.is_none()
+            && self.before.is_none()
+            && self.after.is_none()
+            && self.source.is_none()
+    }
+}
+
+/// An event's `source` block: the fields its table and its position are
+/// read from.
+#[derive(Deserialize, Default, Debug)]
+struct Source<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    connector: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    schema: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    db: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    table: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    snapshot: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    sequence: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    lsn: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    file: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    pos: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    row: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    commit_lsn: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    change_lsn: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    event_serial_no: Option<&'a RawValue>,
+}
+
+impl<'a> Source<'a> {
+    fn raw(&self, k: &str) -> Option<&'a RawValue> {
+        match k {
+            "connector" => self.connector,
+            "schema" => self.schema,
+            "db" => self.db,
+            "table" => self.table,
+            "snapshot" => self.snapshot,
+            "sequence" => self.sequence,
+            "lsn" => self.lsn,
+            "file" => self.file,
+            "pos" => self.pos,
+            "row" => self.row,
+            "commit_lsn" => self.commit_lsn,
+            "change_lsn" => self.change_lsn,
+            "event_serial_no" => self.event_serial_no,
+            _ => None,
+        }
+    }
+
+    /// Field `k` as a JSON value (what `core::debezium::position_of` reads).
+    fn value(&self, k: &str) -> Option<Value> {
+        serde_json::from_str(self.raw(k)?.get()).ok()
+    }
+
+    /// Field `k` when it is a non-empty string.
+    fn text(&self, k: &str) -> Option<Cow<'a, str>> {
+        text(self.raw(k)?).filter(|s| !s.is_empty())
+    }
+}
+
+/// A JSON string's text, borrowed unless it has escapes.
+fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
+    match serde_json::from_str::<&str>(raw.get()) {
+        Ok(s) => Some(Cow::Borrowed(s)),
+        Err(_) => serde_json::from_str::<String>(raw.get())
+            .ok()
+            .map(Cow::Owned),
+    }
+}
+
+/// A JSON value's kind, for errors.
+fn raw_kind(raw: Option<&RawValue>) -> &'static str {
+    match raw.map(|r| serde_json::from_str::<Value>(r.get())) {
+        None => "missing",
+        Some(Ok(v)) => debezium::kind(&v),
+        Some(Err(_)) => "not JSON",
+    }
+}
+
+/// The fields of a row image, in order, values unread.
+struct Fields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Fields<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
+        struct Each;
+        impl<'de> Visitor<'de> for Each {
+            type Value = Fields<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a row object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> std::result::Result<Fields<'de>, A::Error> {
+                let mut out = Vec::with_capacity(m.size_hint().unwrap_or(8).min(256));
+                while let Some(Key(k)) = m.next_key()? {
+                    let v: &'de RawValue = m.next_value()?;
+                    out.push((k, v));
+                }
+                Ok(Fields(out))
+            }
+        }
+        d.deserialize_map(Each)
+    }
+}
+
+/// What an event's value schema says about its rows: each field's Kafka
+/// Connect schema by name, and whether it is no change at all.
+#[derive(Debug, Default)]
+struct EventSchema {
+    /// A heartbeat or transaction metadata schema.
+    not_a_change: bool,
+    before: HashMap<String, Value>,
+    after: HashMap<String, Value>,
+}
+
+impl EventSchema {
+    fn read(raw: &str) -> EventSchema {
+        let Ok(schema) = serde_json::from_str::<Value>(raw) else {
+            return EventSchema::default();
+        };
+        let not_a_change = schema
+            .get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| n.ends_with("Heartbeat") || n.ends_with("TransactionMetadataValue"));
+        let row = |which: &str| -> HashMap<String, Value> {
+            schema
+                .get("fields")
+                .and_then(Value::as_array)
+                .and_then(|fs| {
+                    fs.iter()
+                        .find(|f| f.get("field").and_then(Value::as_str) == Some(which))
+                })
+                .and_then(|f| f.get("fields"))
+                .and_then(Value::as_array)
+                .map(|fs| {
+                    fs.iter()
+                        .filter_map(|f| Some((f.get("field")?.as_str()?.to_string(), f.clone())))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        EventSchema {
+            not_a_change,
+            before: row("before"),
+            after: row("after"),
+        }
+    }
+
+    fn row(&self, which: &str) -> &HashMap<String, Value> {
+        if which == "before" {
+            &self.before
+        } else {
+            &self.after
+        }
+    }
+}
+
+/// The value schemas of one body, read once each. Debezium repeats an
+/// identical schema in every event of a table, so an event that starts
+/// with one seen before has its payload found without reading the schema
+/// again.
+#[derive(Default)]
+struct Schemas<'a> {
+    seen: Vec<(&'a str, Arc<EventSchema>)>,
+}
+
+/// Distinct schemas remembered per body (a body of many tables, or of a
+/// table whose schema changed, reads the others each time).
+const MAX_SCHEMAS: usize = 16;
+
+impl<'a> Schemas<'a> {
+    fn get(&mut self, raw: &'a RawValue) -> Option<Arc<EventSchema>> {
+        let raw = raw.get();
+        if raw == "null" {
+            return None;
+        }
+        if let Some((_, s)) = self.seen.iter().find(|(r, _)| *r == raw) {
+            return Some(s.clone());
+        }
+        let s = Arc::new(EventSchema::read(raw));
+        if self.seen.len() < MAX_SCHEMAS {
+            self.seen.push((raw, s.clone()));
+        }
+        Some(s)
+    }
+
+    /// `{"schema":<a schema seen before>,"payload":...`, as the JSON
+    /// converter writes it: the schema, and where the payload starts.
+    fn known_at(&self, bytes: &[u8]) -> Option<(Arc<EventSchema>, usize)> {
+        const SCHEMA: &[u8] = b"{\"schema\":";
+        const PAYLOAD: &[u8] = b",\"payload\":";
+        let rest = bytes.strip_prefix(SCHEMA)?;
+        self.seen.iter().find_map(|(raw, s)| {
+            rest.strip_prefix(raw.as_bytes())?.strip_prefix(PAYLOAD)?;
+            Some((s.clone(), SCHEMA.len() + raw.len() + PAYLOAD.len()))
+        })
+    }
+
+    /// A whole element wrapped with a schema seen before: the schema and
+    /// the payload's bytes. (A payload followed by anything else does not
+    /// parse, and the element is read the long way.)
+    fn known(&self, bytes: &'a [u8]) -> Option<(Arc<EventSchema>, &'a [u8])> {
+        let (s, at) = self.known_at(bytes)?;
+        let payload = bytes[at..].trim_ascii_end().strip_suffix(b"}")?;
+        Some((s, payload))
+    }
+}
+
+/// One element of a body, read. (Made and taken apart at once: boxing the
+/// change would cost an allocation per event.)
+#[allow(clippy::large_enum_variant)]
+enum Read<'a> {
+    Change(Change<'a>),
+    Tombstone,
+    NotAChange,
+    Message,
+}
+
+/// Reads one element: the fast way when it is wrapped with a schema seen
+/// before, else the whole element.
+fn read_one<'a>(
+    flow: &str,
+    index: usize,
+    bytes: &'a [u8],
+    schemas: &mut Schemas<'a>,
+) -> Result<Read<'a>> {
+    let err = |m: String| event_err(flow, index, m);
+    let bytes = bytes.trim_ascii();
+    if let Some((schema, payload)) = schemas.known(bytes)
+        && payload.first() == Some(&b'{')
+        && let Ok(parts) = serde_json::from_slice::<Parts>(payload)
+        && !parts.is_wrapper()
+    {
+        return event(flow, index, parts, Some(schema), payload);
+    }
+    if bytes == b"null" {
+        return Ok(Read::Tombstone);
+    }
+    let not_an_object = |bytes: &[u8]| {
+        let kind = match serde_json::from_slice::<Value>(bytes) {
+            Ok(v) => debezium::kind(&v),
+            Err(e) => return err(format!("event {index} is not valid JSON: {e}")),
+        };
+        err(format!(
+            "event {index} is {kind}, not a Debezium event object"
+        ))
+    };
+    if bytes.first() != Some(&b'{') {
+        return Err(not_an_object(bytes));
+    }
+    let outer: Parts =
+        serde_json::from_slice(bytes).map_err(|e| not_an_event(flow, index, bytes, e))?;
+    if !outer.is_wrapper() {
+        return event(flow, index, outer, None, bytes);
+    }
+    let schema = outer.schema.and_then(|r| schemas.get(r));
+    let payload = outer.payload.map_or(&b"null"[..], |p| p.get().as_bytes());
+    if payload == b"null" {
+        return Ok(Read::Tombstone);
+    }
+    if payload.first() != Some(&b'{') {
+        return Err(not_an_object(payload));
+    }
+    let parts: Parts =
+        serde_json::from_slice(payload).map_err(|e| not_an_event(flow, index, payload, e))?;
+    event(flow, index, parts, schema, payload)
+}
+
+/// Why an object is not read as an event: not JSON, a `source` that is no
+/// object, or the reader's own words.
+fn not_an_event(flow: &str, index: usize, bytes: &[u8], e: serde_json::Error) -> Error {
+    let message = match serde_json::from_slice::<Value>(bytes) {
+        Err(e) => format!("event {index} is not valid JSON: {e}"),
+        Ok(v)
+            if v.get("source")
+                .is_some_and(|s| !s.is_object() && !s.is_null()) =>
+        {
+            format!("event {index} has no `source` block")
+        }
+        Ok(_) => format!("event {index} is not a Debezium event: {e}"),
+    };
+    event_err(flow, index, message)
+}
+
+/// An event object's parts as a change (or what it is instead).
+fn event<'a>(
+    flow: &str,
+    index: usize,
+    parts: Parts<'a>,
+    schema: Option<Arc<EventSchema>>,
+    bytes: &'a [u8],
+) -> Result<Read<'a>> {
+    let err = |m: String| event_err(flow, index, m);
+    let Some(op) = parts.op else {
+        // No `op`: a heartbeat, transaction metadata, or no event at all.
+        let obj: Map<String, Value> = serde_json::from_slice(bytes)
+            .map_err(|e| err(format!("event {index} is not valid JSON: {e}")))?;
+        let status = obj
+            .get("status")
+            .and_then(Value::as_str)
+            .is_some_and(|s| s == "BEGIN" || s == "END");
+        if schema.as_ref().is_some_and(|s| s.not_a_change)
+            || status
+            || (obj.len() == 1 && obj.contains_key("ts_ms"))
+        {
+            return Ok(Read::NotAChange);
+        }
+        let hint = if obj.contains_key("__op") || obj.contains_key("__deleted") {
+            " (events flattened by ExtractNewRecordState are not taken yet: remove the SMT)"
+        } else {
+            ""
+        };
+        return Err(err(format!(
+            "event {index} has no `op`: it is not a Debezium change event{hint}"
+        )));
+    };
+    let op = match text(op).as_deref() {
+        Some("m") => return Ok(Read::Message),
+        Some(s) => Op::parse(s),
+        None => None,
+    }
+    .ok_or_else(|| {
+        err(format!(
+            "event {index} has op {}; Debezium's are c, u, d, r, t and m",
+            op.get()
+        ))
+    })?;
+    let Some(source) = parts.source else {
+        return Err(err(format!("event {index} has no `source` block")));
+    };
+    let table = match (
+        source.text("schema").or(source.text("db")),
+        source.text("table"),
+    ) {
+        (Some(ns), Some(t)) => format!("{ns}.{t}"),
+        _ => {
+            return Err(err(format!(
+                "event {index}'s source names no table (source.schema or source.db, and source.table)"
+            )));
+        }
+    };
+    Ok(Read::Change(Change {
+        index,
+        table,
+        op,
+        source,
+        before: parts.before,
+        after: parts.after,
+        schema,
+    }))
+}
+
+/// Reads a body's events in one pass: its changes, and what it skipped,
+/// under `limits.max_rows` events. `flow` names the flow (or the endpoint)
+/// in errors. The body is one event, a JSON array of them, or NDJSON.
+pub fn read_body<'a>(
     flow: &str,
     format: BodyFormat,
     body: &'a [u8],
     limits: Limits,
-) -> Result<Vec<&'a [u8]>> {
+) -> Result<(Vec<Change<'a>>, Skipped)> {
     let too_many = || Error::Input {
         code: codes::BATCH_TOO_LARGE,
         flow: flow.to_string(),
@@ -87,145 +498,150 @@ pub fn elements<'a>(
             limits.max_rows
         ),
     };
+    let malformed = |why: String| Error::Input {
+        code: codes::MALFORMED_BODY,
+        flow: flow.to_string(),
+        message: format!("the body is not a JSON array of events: {why}"),
+    };
+    let mut out = (Vec::new(), Skipped::default());
+    let mut schemas = Schemas::default();
+    let keep = |out: &mut (Vec<Change<'a>>, Skipped), read: Read<'a>| match read {
+        Read::Change(c) => out.0.push(c),
+        Read::Tombstone => out.1.tombstones += 1,
+        Read::NotAChange => out.1.not_changes += 1,
+        Read::Message => out.1.messages += 1,
+    };
+    let skip_ws = |mut i: usize| {
+        while body.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        i
+    };
     match format {
         BodyFormat::Ndjson => {
-            let rows: Vec<&[u8]> = body
-                .split(|&b| b == b'\n')
-                .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
-                .map(<[u8]>::trim_ascii)
-                .take(limits.max_rows.saturating_add(1))
-                .collect();
-            if rows.len() > limits.max_rows {
-                return Err(too_many());
+            let mut index = 0;
+            let mut start = 0;
+            for end in memchr::memchr_iter(b'\n', body).chain([body.len()]) {
+                let line = body[start..end].trim_ascii();
+                start = end + 1;
+                if line.is_empty() {
+                    continue;
+                }
+                if index == limits.max_rows {
+                    return Err(too_many());
+                }
+                keep(&mut out, read_one(flow, index, line, &mut schemas)?);
+                index += 1;
             }
-            Ok(rows)
         }
-        BodyFormat::JsonArray if !body.trim_ascii_start().starts_with(b"[") => {
-            Ok(vec![body.trim_ascii()])
+        BodyFormat::JsonArray if body.get(skip_ws(0)) != Some(&b'[') => {
+            keep(
+                &mut out,
+                read_one(flow, 0, body.trim_ascii(), &mut schemas)?,
+            );
         }
         BodyFormat::JsonArray => {
-            input::array_elements(body, limits.max_rows).map_err(|e| match e {
-                None => too_many(),
-                Some(why) => Error::Input {
-                    code: codes::MALFORMED_BODY,
-                    flow: flow.to_string(),
-                    message: format!("the body is not a JSON array of events: {why}"),
-                },
-            })
-        }
-        BodyFormat::ArrowStream => Err(Error::Input {
-            code: codes::DEBEZIUM_EVENT,
-            flow: flow.to_string(),
-            message: "Debezium events are JSON: send application/json or application/x-ndjson"
-                .into(),
-        }),
-    }
-}
-
-/// Reads the elements of a body: its changes, and what it skipped.
-/// `flow` names the flow (or the endpoint) in errors.
-pub fn parse(flow: &str, elements: &[&[u8]]) -> Result<(Vec<Change>, Skipped)> {
-    let mut changes = Vec::with_capacity(elements.len());
-    let mut skipped = Skipped::default();
-    for (index, bytes) in elements.iter().enumerate() {
-        let value: Value = serde_json::from_slice(bytes)
-            .map_err(|e| event_err(flow, index, format!("event {index} is not valid JSON: {e}")))?;
-        let (payload, schema) = match value {
-            Value::Object(mut o) if o.contains_key("payload") && o.len() <= 2 => {
-                let schema = o.remove("schema").filter(|s| !s.is_null());
-                (o.remove("payload").unwrap_or(Value::Null), schema)
-            }
-            v => (v, None),
-        };
-        let Value::Object(obj) = &payload else {
-            if payload.is_null() {
-                skipped.tombstones += 1;
-                continue;
-            }
-            return Err(event_err(
-                flow,
-                index,
-                format!(
-                    "event {index} is {}, not a Debezium event object",
-                    debezium::kind(&payload)
-                ),
-            ));
-        };
-        let Some(op) = obj.get("op") else {
-            if not_a_change(obj, schema.as_ref()) {
-                skipped.not_changes += 1;
-                continue;
-            }
-            let hint = if obj.contains_key("__op") || obj.contains_key("__deleted") {
-                " (events flattened by ExtractNewRecordState are not taken yet: remove the SMT)"
+            let mut i = skip_ws(skip_ws(0) + 1);
+            let mut index = 0;
+            if body.get(i) == Some(&b']') {
+                i += 1;
             } else {
-                ""
-            };
-            return Err(event_err(
-                flow,
-                index,
-                format!("event {index} has no `op`: it is not a Debezium change event{hint}"),
-            ));
-        };
-        let op = match op.as_str() {
-            Some("m") => {
-                skipped.messages += 1;
-                continue;
+                loop {
+                    if index == limits.max_rows {
+                        return Err(too_many());
+                    }
+                    let end = match known_event(flow, index, body, i, &schemas) {
+                        Some(read) => {
+                            let (read, end) = read?;
+                            keep(&mut out, read);
+                            end
+                        }
+                        None => {
+                            // The long way: the element as it is.
+                            let mut one = serde_json::Deserializer::from_slice(&body[i..])
+                                .into_iter::<&RawValue>();
+                            match one.next() {
+                                Some(Ok(raw)) => {
+                                    let bytes = raw.get().as_bytes();
+                                    keep(&mut out, read_one(flow, index, bytes, &mut schemas)?);
+                                    i + one.byte_offset()
+                                }
+                                Some(Err(e)) if e.is_eof() => {
+                                    return Err(malformed("the array is not closed".into()));
+                                }
+                                Some(Err(e)) => {
+                                    return Err(event_err(
+                                        flow,
+                                        index,
+                                        format!("event {index} is not valid JSON: {e}"),
+                                    ));
+                                }
+                                None => return Err(malformed("the array is not closed".into())),
+                            }
+                        }
+                    };
+                    index += 1;
+                    i = skip_ws(end);
+                    match body.get(i) {
+                        Some(b',') => i = skip_ws(i + 1),
+                        Some(b']') => {
+                            i += 1;
+                            break;
+                        }
+                        None => return Err(malformed("the array is not closed".into())),
+                        Some(_) => {
+                            return Err(malformed(format!(
+                                "expected `,` or `]` after event {} at byte {i}",
+                                index - 1
+                            )));
+                        }
+                    }
+                }
             }
-            Some(s) => Op::parse(s),
-            None => None,
+            if skip_ws(i) != body.len() {
+                return Err(malformed(format!(
+                    "unexpected bytes after the array at byte {i}"
+                )));
+            }
         }
-        .ok_or_else(|| {
-            event_err(
-                flow,
-                index,
-                format!("event {index} has op {op}; Debezium's are c, u, d, r, t and m"),
-            )
-        })?;
-        let source = obj.get("source").filter(|s| s.is_object()).ok_or_else(|| {
-            event_err(flow, index, format!("event {index} has no `source` block"))
-        })?;
-        let name = |k: &str| {
-            source
-                .get(k)
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-        };
-        let table = match (name("schema").or(name("db")), name("table")) {
-            (Some(ns), Some(t)) => format!("{ns}.{t}"),
-            _ => {
-                return Err(event_err(
-                    flow,
-                    index,
-                    format!(
-                        "event {index}'s source names no table (source.schema or source.db, and source.table)"
-                    ),
-                ));
-            }
-        };
-        changes.push(Change {
-            index,
-            table,
-            op,
-            payload,
-            schema,
-        });
+        BodyFormat::ArrowStream => {
+            return Err(Error::Input {
+                code: codes::DEBEZIUM_EVENT,
+                flow: flow.to_string(),
+                message: "Debezium events are JSON: send application/json or application/x-ndjson"
+                    .into(),
+            });
+        }
     }
-    Ok((changes, skipped))
+    Ok(out)
 }
 
-/// A heartbeat (`{ts_ms}`, schema `...Heartbeat`) or transaction metadata
-/// (`status` BEGIN / END).
-fn not_a_change(obj: &Map<String, Value>, schema: Option<&Value>) -> bool {
-    let named = schema
-        .and_then(|s| s.get("name"))
-        .and_then(Value::as_str)
-        .is_some_and(|n| n.ends_with("Heartbeat") || n.ends_with("TransactionMetadataValue"));
-    let status = obj
-        .get("status")
-        .and_then(Value::as_str)
-        .is_some_and(|s| s == "BEGIN" || s == "END");
-    named || status || (obj.len() == 1 && obj.contains_key("ts_ms"))
+/// The element of a JSON array at `at` when it is wrapped with a schema
+/// seen before: the event, read without reading its schema again, and
+/// where the element ends. `None`: read it the long way.
+fn known_event<'a>(
+    flow: &str,
+    index: usize,
+    body: &'a [u8],
+    at: usize,
+    schemas: &Schemas<'a>,
+) -> Option<Result<(Read<'a>, usize)>> {
+    let (schema, offset) = schemas.known_at(&body[at..])?;
+    let from = at + offset;
+    if body.get(from) != Some(&b'{') {
+        return None;
+    }
+    let mut one = serde_json::Deserializer::from_slice(&body[from..]).into_iter::<Parts>();
+    let parts = one.next()?.ok().filter(|p| !p.is_wrapper())?;
+    let to = from + one.byte_offset();
+    let mut close = to;
+    while body.get(close).is_some_and(u8::is_ascii_whitespace) {
+        close += 1;
+    }
+    if body.get(close) != Some(&b'}') {
+        return None;
+    }
+    Some(event(flow, index, parts, Some(schema), &body[from..to]).map(|r| (r, close + 1)))
 }
 
 /// Whether `flow` takes `table`'s changes: its `source_table`, matched
@@ -238,29 +654,33 @@ pub fn takes(flow: &Flow, table: &str) -> bool {
         .is_none_or(|t| t.eq_ignore_ascii_case(table))
 }
 
-/// The schema of the `after` (or `before`) row in an event's value schema.
-fn row_schema<'a>(schema: Option<&'a Value>, which: &str) -> Option<&'a Vec<Value>> {
-    schema?
-        .get("fields")?
-        .as_array()?
-        .iter()
-        .find(|f| f.get("field").and_then(Value::as_str) == Some(which))?
-        .get("fields")?
-        .as_array()
-}
-
 /// The rows of `changes` in `flow`'s source schema, hidden columns filled.
-/// Unknown fields stay in the row, so the row decoder refuses them (or an
-/// `add_columns` flow adds them), as for any push.
+/// Each event's row becomes one flat JSON line for the row decoder: a field
+/// whose value needs no decoding (`core::debezium::passes_through`) is
+/// copied as its text, the others decoded by their schema. Unknown fields
+/// stay in the line, so the row decoder refuses them (or an `add_columns`
+/// flow adds them), as for any push.
 pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBatch, Skipped)> {
     let mut skipped = Skipped::default();
-    // Per row: its event's index in the body, and its op.
-    let mut kept: Vec<(usize, Op)> = Vec::with_capacity(changes.len());
-    let mut objects: Vec<Vec<u8>> = Vec::with_capacity(changes.len());
-    let mut positions: Vec<Position> = Vec::with_capacity(changes.len());
-    let binary: Vec<usize> = (0..flow.config.columns.len())
-        .filter(|&i| flow.column_type(i) == Some(Type::Primitive(PrimitiveType::Binary)))
+    let declared = flow.config.columns.len();
+    let types: Vec<Type> = (0..declared)
+        .map(|i| {
+            flow.column_type(i)
+                .unwrap_or(Type::Primitive(PrimitiveType::String))
+        })
         .collect();
+    let names: Vec<Vec<u8>> = (0..declared)
+        .map(|i| serde_json::to_vec(flow.column_name(i)))
+        .collect::<std::result::Result<_, _>>()?;
+    let binary: Vec<usize> = (0..declared)
+        .filter(|&i| types[i] == Type::Primitive(PrimitiveType::Binary))
+        .collect();
+    // Per row: its event's index in the body, its op, its position, and
+    // the end of its line in `lines`.
+    let mut kept: Vec<(usize, Op)> = Vec::with_capacity(changes.len());
+    let mut positions: Vec<Position> = Vec::with_capacity(changes.len());
+    let mut lines: Vec<u8> = Vec::with_capacity(changes.len() * 64);
+    let mut ends: Vec<usize> = Vec::with_capacity(changes.len());
     let mut bytes: Vec<Vec<Option<Vec<u8>>>> =
         vec![Vec::with_capacity(changes.len()); binary.len()];
     for c in changes {
@@ -269,27 +689,86 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
             skipped.truncates += 1;
             continue;
         }
-        let source = c.payload.get("source").unwrap_or(&Value::Null);
-        let position =
-            debezium::position(source, c.op).map_err(|m| err(format!("event {}: {m}", c.index)))?;
-        if flow.truncates.is_some() && debezium::ends_snapshot(source, c.op) {
+        let position = debezium::position_of(&|k| c.source.value(k), c.op)
+            .map_err(|m| err(format!("event {}: {m}", c.index)))?;
+        if flow.truncates.is_some()
+            && debezium::ends_snapshot(c.source.text("snapshot").as_deref(), c.op)
+        {
             // The table's snapshot is complete: a truncate just below its
             // reads removes what an earlier, partial snapshot left.
-            objects.push(b"{}".to_vec());
+            lines.extend_from_slice(b"{}");
+            ends.push(lines.len());
             positions.push(position.snapshot_end());
             kept.push((c.index, Op::Truncate));
             for b in &mut bytes {
                 b.push(None);
             }
         }
-        let which = if c.op == Op::Delete {
-            "before"
-        } else {
-            "after"
-        };
-        let row = match (c.op, c.payload.get(which)) {
-            (Op::Truncate, _) => Map::new(),
-            (_, Some(Value::Object(o))) => o.clone(),
+        let (which, image) = c.image();
+        let mut row_bytes: Vec<Option<Vec<u8>>> = vec![None; binary.len()];
+        lines.push(b'{');
+        match (c.op, image) {
+            (Op::Truncate, _) => {}
+            (_, Some(raw)) if raw.get().starts_with('{') => {
+                let Fields(fields) = serde_json::from_str(raw.get())
+                    .map_err(|e| err(format!("event {}: `{which}` {e}", c.index)))?;
+                let schema = c.schema.as_ref().map(|s| s.row(which));
+                let mut first = true;
+                for (name, v) in fields {
+                    let comma = |lines: &mut Vec<u8>, first: &mut bool| {
+                        if !std::mem::take(first) {
+                            lines.push(b',');
+                        }
+                    };
+                    let Some(col) = flow.field_column(&name) else {
+                        comma(&mut lines, &mut first);
+                        serde_json::to_writer(&mut lines, name.as_ref())?;
+                        lines.push(b':');
+                        lines.extend_from_slice(v.get().as_bytes());
+                        continue;
+                    };
+                    let field = schema.and_then(|s| s.get(name.as_ref()));
+                    let ty = &types[col];
+                    let b = binary.iter().position(|&b| b == col);
+                    if b.is_none() && debezium::passes_through(field, ty) {
+                        comma(&mut lines, &mut first);
+                        lines.extend_from_slice(&names[col]);
+                        lines.push(b':');
+                        lines.extend_from_slice(v.get().as_bytes());
+                        continue;
+                    }
+                    let bad = |why: String| Error::Batch {
+                        code: codes::BAD_COLUMN,
+                        flow: flow.name.clone(),
+                        row: c.index,
+                        column: name.to_string(),
+                        message: format!("event {}, field `{name}`: {why}", c.index),
+                    };
+                    let value: Value =
+                        serde_json::from_str(v.get()).map_err(|e| bad(e.to_string()))?;
+                    let cell = debezium::decode_value(field, &value, ty).map_err(bad)?;
+                    match (b, cell) {
+                        (Some(b), Cell::Bytes(v)) => row_bytes[b] = Some(v),
+                        (Some(b), Cell::Json(Value::String(s))) => {
+                            row_bytes[b] = Some(s.into_bytes())
+                        }
+                        (Some(_), Cell::Json(Value::Null)) => {}
+                        (Some(_), Cell::Json(other)) => {
+                            return Err(bad(format!(
+                                "a binary column takes base64 text, not {}",
+                                debezium::kind(&other)
+                            )));
+                        }
+                        (None, Cell::Json(v)) => {
+                            comma(&mut lines, &mut first);
+                            lines.extend_from_slice(&names[col]);
+                            lines.push(b':');
+                            serde_json::to_writer(&mut lines, &v)?;
+                        }
+                        (None, Cell::Bytes(_)) => unreachable!("bytes only for binary columns"),
+                    }
+                }
+            }
             (Op::Delete, _) => {
                 return Err(Error::Batch {
                     code: codes::DEBEZIUM_NO_KEY,
@@ -307,63 +786,24 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
                     "event {} (op {}) has no `after` row (it is {})",
                     c.index,
                     c.op.code(),
-                    v.map_or("missing", debezium::kind)
+                    raw_kind(v)
                 )));
             }
-        };
-        let fields = row_schema(c.schema.as_ref(), which);
-        let mut flat = Map::with_capacity(row.len());
-        let mut row_bytes: Vec<Option<Vec<u8>>> = vec![None; binary.len()];
-        for (name, v) in row {
-            let Some(col) = flow.field_column(&name) else {
-                flat.insert(name, v);
-                continue;
-            };
-            let field = fields.and_then(|fs| {
-                fs.iter()
-                    .find(|f| f.get("field").and_then(Value::as_str) == Some(name.as_str()))
-            });
-            let ty = flow
-                .column_type(col)
-                .unwrap_or(Type::Primitive(PrimitiveType::String));
-            let cell = debezium::decode_value(field, &v, &ty).map_err(|why| Error::Batch {
-                code: codes::BAD_COLUMN,
-                flow: flow.name.clone(),
-                row: c.index,
-                column: name.clone(),
-                message: format!("event {}, field `{name}`: {why}", c.index),
-            })?;
-            match (binary.iter().position(|&b| b == col), cell) {
-                (Some(b), Cell::Bytes(v)) => row_bytes[b] = Some(v),
-                (Some(b), Cell::Json(Value::String(s))) => row_bytes[b] = Some(s.into_bytes()),
-                (Some(_), Cell::Json(Value::Null)) => {}
-                (Some(_), Cell::Json(other)) => {
-                    return Err(Error::Batch {
-                        code: codes::BAD_COLUMN,
-                        flow: flow.name.clone(),
-                        row: c.index,
-                        column: name.clone(),
-                        message: format!(
-                            "event {}, field `{name}`: a binary column takes base64 text, not {}",
-                            c.index,
-                            debezium::kind(&other)
-                        ),
-                    });
-                }
-                (None, Cell::Json(v)) => {
-                    flat.insert(name, v);
-                }
-                (None, Cell::Bytes(_)) => unreachable!("bytes only for binary columns"),
-            }
         }
+        lines.push(b'}');
+        ends.push(lines.len());
         for (b, v) in row_bytes.into_iter().enumerate() {
             bytes[b].push(v);
         }
-        objects.push(serde_json::to_vec(&Value::Object(flat))?);
         positions.push(position);
         kept.push((c.index, c.op));
     }
-    let refs: Vec<&[u8]> = objects.iter().map(Vec::as_slice).collect();
+    let mut refs: Vec<&[u8]> = Vec::with_capacity(ends.len());
+    let mut from = 0;
+    for &end in &ends {
+        refs.push(&lines[from..end]);
+        from = end;
+    }
     let batch = input::decode_json_rows(flow, &refs, strict).map_err(|e| match e {
         // The decoder counts this flow's rows; the event's index is the body's.
         Error::Batch {
@@ -387,7 +827,7 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
             bytes[b].iter().map(|v| v.as_deref()),
         ));
     }
-    let hidden = flow.config.columns.len();
+    let hidden = declared;
     cols[hidden] = Arc::new(StringArray::from_iter_values(
         kept.iter().map(|k| k.1.code()),
     ));
@@ -418,8 +858,7 @@ pub fn decode(
     limits: Limits,
     strict: bool,
 ) -> Result<(RecordBatch, Skipped)> {
-    let elements = elements(&flow.name, format, body, limits)?;
-    let (changes, mut skipped) = parse(&flow.name, &elements)?;
+    let (changes, mut skipped) = read_body(&flow.name, format, body, limits)?;
     let mine: Vec<&Change> = changes.iter().filter(|c| takes(flow, &c.table)).collect();
     skipped.other_tables += (changes.len() - mine.len()) as u64;
     let (batch, more) = rows(flow, &mine, strict)?;
@@ -427,8 +866,50 @@ pub fn decode(
     Ok((batch, skipped))
 }
 
+/// The rows a body has for one flow: the flow's place in `route`'s list,
+/// and its rows (or why they cannot be read).
+pub type Routed = (usize, Result<RecordBatch>);
+
+/// A body for `POST /v1/debezium`, read once: for each of `flows` that
+/// takes events of it (by `source_table`), those events' rows, read as
+/// `decode` reads them; and what no flow took.
+pub fn route(
+    flows: &[Flow],
+    format: BodyFormat,
+    body: &[u8],
+    limits: Limits,
+) -> Result<(Vec<Routed>, Skipped)> {
+    let (changes, mut skipped) = read_body("(debezium)", format, body, limits)?;
+    let source = |f: &Flow| f.config.source_table.clone();
+    for (table, cs) in by_table(&changes) {
+        if !flows
+            .iter()
+            .any(|f| source(f).is_some_and(|t| t.eq_ignore_ascii_case(table)))
+        {
+            skipped.other_tables += cs.len() as u64;
+        }
+    }
+    let mut out = Vec::new();
+    for (i, flow) in flows.iter().enumerate() {
+        let Some(t) = source(flow) else { continue };
+        let mine: Vec<&Change> = changes
+            .iter()
+            .filter(|c| c.table.eq_ignore_ascii_case(&t))
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let batch = rows(flow, &mine, true).map(|(b, more)| {
+            skipped.add(&more);
+            b
+        });
+        out.push((i, batch));
+    }
+    Ok((out, skipped))
+}
+
 /// Changes grouped by table, in body order within each.
-pub fn by_table(changes: &[Change]) -> BTreeMap<&str, Vec<&Change>> {
+pub fn by_table<'a>(changes: &'a [Change<'a>]) -> BTreeMap<&'a str, Vec<&'a Change<'a>>> {
     let mut out: BTreeMap<&str, Vec<&Change>> = BTreeMap::new();
     for c in changes {
         out.entry(c.table.as_str()).or_default().push(c);
@@ -446,33 +927,26 @@ pub fn new_columns(
     body: &[u8],
     limits: Limits,
 ) -> Result<Vec<crate::core::flow::ColumnDef>> {
-    let elements = elements(&flow.name, format, body, limits)?;
-    let (changes, _) = parse(&flow.name, &elements)?;
+    let (changes, _) = read_body(&flow.name, format, body, limits)?;
     let mut typed: Vec<arrow_schema::Field> = Vec::new();
     let mut untyped: Vec<Vec<u8>> = Vec::new();
     for c in changes.iter().filter(|c| takes(flow, &c.table)) {
-        let which = if c.op == Op::Delete {
-            "before"
-        } else {
-            "after"
-        };
-        let Some(Value::Object(row)) = c.payload.get(which) else {
+        let (which, image) = c.image();
+        let Some(Ok(Value::Object(row))) = image.map(|r| serde_json::from_str::<Value>(r.get()))
+        else {
             continue;
         };
-        let fields = row_schema(c.schema.as_ref(), which);
+        let fields = c.schema.as_ref().map(|s| s.row(which));
         let mut rest = Map::new();
         for (name, v) in row {
-            if flow.field_column(name).is_some() || typed.iter().any(|f| f.name() == name) {
+            if flow.field_column(&name).is_some() || typed.iter().any(|f| f.name() == &name) {
                 continue;
             }
-            let field = fields.and_then(|fs| {
-                fs.iter()
-                    .find(|f| f.get("field").and_then(Value::as_str) == Some(name.as_str()))
-            });
+            let field = fields.and_then(|fs| fs.get(&name));
             match field.and_then(connect_type) {
                 Some(t) => typed.push(arrow_schema::Field::new(name, t, true)),
                 None => {
-                    rest.insert(name.clone(), v.clone());
+                    rest.insert(name, v);
                 }
             }
         }

@@ -584,23 +584,34 @@ pub fn to_debezium(batch: &RecordBatch) -> crate::Result<Vec<u8>> {
         {"type": "string", "optional": false, "field": "op"},
         {"type": "int64", "optional": true, "field": "ts_ms"}
     ]});
-    let events: Vec<Value> = (0..batch.num_rows())
-        .map(|i| {
-            let s = seq.value(i);
-            let image = json!({"id": id.value(i), "amount": amount.value(i), "note": note.value(i)});
-            let delete = op.value(i) == "DELETE";
-            json!({"schema": schema, "payload": {
-                "before": if delete { json!({"id": id.value(i), "amount": null, "note": null}) } else { Value::Null },
-                "after": if delete { Value::Null } else { image },
-                "source": {"version": "3.6.3.Final", "connector": "postgresql", "name": "bench", "ts_ms": 0,
-                           "snapshot": "false", "db": "bench", "sequence": format!("[\"{s}\",\"{s}\"]"),
-                           "schema": "public", "table": "events", "txId": s, "lsn": s},
-                "op": if delete { "d" } else { "u" },
-                "ts_ms": 0
-            }})
-        })
-        .collect();
-    Ok(serde_json::to_vec(&events)?)
+    // As Debezium's JSON converter writes them: the schema first, then the
+    // payload (the reader skips a schema it has seen by its bytes).
+    let schema = schema.to_string();
+    let mut out = b"[".to_vec();
+    for i in 0..batch.num_rows() {
+        let s = seq.value(i);
+        let image = json!({"id": id.value(i), "amount": amount.value(i), "note": note.value(i)});
+        let delete = op.value(i) == "DELETE";
+        let payload = json!({
+            "before": if delete { json!({"id": id.value(i), "amount": null, "note": null}) } else { Value::Null },
+            "after": if delete { Value::Null } else { image },
+            "source": {"version": "3.6.3.Final", "connector": "postgresql", "name": "bench", "ts_ms": 0,
+                       "snapshot": "false", "db": "bench", "sequence": format!("[\"{s}\",\"{s}\"]"),
+                       "schema": "public", "table": "events", "txId": s, "lsn": s},
+            "op": if delete { "d" } else { "u" },
+            "ts_ms": 0
+        });
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"schema\":");
+        out.extend_from_slice(schema.as_bytes());
+        out.extend_from_slice(b",\"payload\":");
+        serde_json::to_writer(&mut out, &payload)?;
+        out.push(b'}');
+    }
+    out.push(b']');
+    Ok(out)
 }
 
 /// `batch` as NDJSON.

@@ -184,9 +184,17 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         a.events, a.keys, a.batch_rows, a.connections, a.commit_interval
     );
     println!(
-        "{:<7} {:>14} {:>14} {:>10} {:>10} {:>12} {:>9}",
-        "format", "acked ev/s", "committed ev/s", "p50 ms", "p99 ms", "commit lag", "429s"
+        "{:<8} {:>14} {:>14} {:>10} {:>10} {:>12} {:>9} {:>13}",
+        "format",
+        "acked ev/s",
+        "committed ev/s",
+        "p50 ms",
+        "p99 ms",
+        "commit lag",
+        "429s",
+        "server µs/ev"
     );
+    let server_pid = server.0.id().to_string();
     for f in &formats {
         let name = format!("load_{f}");
         // Every format pushes the same changes (the rows flow's batches).
@@ -213,6 +221,7 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         };
         let next = Arc::new(AtomicUsize::new(0));
         let throttled = Arc::new(AtomicUsize::new(0));
+        let cpu_before = cpu_seconds_of(&server_pid);
         let start = Instant::now();
         let mut tasks = Vec::new();
         for _ in 0..a.connections.max(1) {
@@ -246,15 +255,22 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         let committed = start.elapsed();
         lat.sort_by(|x, y| x.total_cmp(y));
         let ev = a.events as f64;
+        // The server's CPU time per event, from receiving to committing:
+        // what the format costs whatever else runs on the machine.
+        let cpu = match (cpu_before, cpu_seconds_of(&server_pid)) {
+            (Some(b), Some(e)) => format!("{:.2}", (e - b) / ev * 1e6),
+            _ => "-".into(),
+        };
         println!(
-            "{:<7} {:>14.0} {:>14.0} {:>10.1} {:>10.1} {:>10.0}ms {:>9}",
+            "{:<8} {:>14.0} {:>14.0} {:>10.1} {:>10.1} {:>10.0}ms {:>9} {:>13}",
             f,
             ev / acked.as_secs_f64(),
             ev / committed.as_secs_f64(),
             pct(&lat, 0.5),
             pct(&lat, 0.99),
             (committed - acked).as_secs_f64() * 1e3,
-            throttled.load(Ordering::Relaxed)
+            throttled.load(Ordering::Relaxed),
+            cpu
         );
     }
     let server_rss = crate::tools::bench::peak_rss_of(&server.0.id().to_string());
@@ -265,6 +281,19 @@ pub async fn run(a: LoadArgs) -> Result<()> {
     drop(server);
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(())
+}
+
+/// User and system CPU seconds process `pid` has used (Linux; else none).
+fn cpu_seconds_of(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces): utime is the 14th
+    // field of the line, stime the 15th, in clock ticks.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // USER_HZ: 100 on every Linux architecture this runs on.
+    let hz = 100.0;
+    Some(ticks / hz)
 }
 
 /// The `autocdc serve` child; killed and reaped when dropped.

@@ -11,7 +11,10 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::{ApiError, ApiResult, ChangesResponse, ErrorResponse, authorize, decode_body};
+use super::{
+    ApiError, ApiResult, ChangesResponse, ErrorResponse, SchemaEvolution, authorize, decode_body,
+    idempotency_key,
+};
 use crate::error::Error;
 use crate::service::Service;
 use crate::service::input;
@@ -53,6 +56,16 @@ pub(super) async fn post_debezium(
     body: Bytes,
 ) -> ApiResult<Response> {
     use crate::service::debezium;
+    // Events are routed by the flows that exist: while they recover, an
+    // event of a table whose flow is not back yet would look like one no
+    // flow takes, and be acknowledged and skipped. Refuse (the sink
+    // retries) until every flow is back.
+    if !service.is_ready() {
+        return Err(Error::Unavailable(
+            "the service is recovering its flows; retry shortly".into(),
+        )
+        .into());
+    }
     let json = matches!(
         headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()),
         Some(t) if t.trim_start().to_ascii_lowercase().starts_with("application/json")
@@ -63,53 +76,26 @@ pub(super) async fn post_debezium(
         input::BodyFormat::Ndjson
     };
     let limits = service.config.limits();
+    // The body is read once, for every flow that takes some of its events.
+    let candidates: Vec<Arc<crate::service::FlowRuntime>> = service
+        .flows()
+        .into_iter()
+        .filter(|rt| rt.flow.debezium && rt.flow.config.source_table.is_some())
+        .collect();
+    let flows: Vec<crate::core::flow::Flow> = candidates.iter().map(|rt| rt.flow.clone()).collect();
     let b = body.clone();
-    let routed = tokio::task::spawn_blocking(move || {
-        let elements = debezium::elements("(debezium)", format, &b, limits)?;
-        let (changes, skipped) = debezium::parse("(debezium)", &elements)?;
-        let tables: Vec<(String, Vec<crate::core::debezium::Op>)> = debezium::by_table(&changes)
-            .into_iter()
-            .map(|(t, cs)| (t.to_string(), cs.iter().map(|c| c.op).collect()))
-            .collect();
-        Ok::<_, Error>((tables, skipped))
+    let (routed, skipped) = tokio::task::spawn_blocking(move || {
+        input::catch_quietly(|| debezium::route(&flows, format, &b, limits)).unwrap_or_else(|_| {
+            Err(Error::Input {
+                code: crate::error::codes::MALFORMED_BODY,
+                flow: "(debezium)".into(),
+                message: "the body could not be decoded".into(),
+            })
+        })
     })
     .await
     .map_err(|e| ApiError::from(Error::Unavailable(e.to_string())))??;
-    let (tables, mut skipped) = routed;
-    let mut takers = Vec::new();
-    for (table, ops) in &tables {
-        let flows: Vec<_> = service
-            .flows()
-            .into_iter()
-            .filter(|rt| {
-                rt.flow.debezium
-                    && rt
-                        .flow
-                        .config
-                        .source_table
-                        .as_deref()
-                        .is_some_and(|t| t.eq_ignore_ascii_case(table))
-            })
-            .collect();
-        if flows.is_empty() {
-            skipped.other_tables += ops.len() as u64;
-        }
-        for rt in flows {
-            if rt.flow.truncates.is_none() {
-                skipped.truncates += ops
-                    .iter()
-                    .filter(|&&o| o == crate::core::debezium::Op::Truncate)
-                    .count() as u64;
-            }
-            if !takers
-                .iter()
-                .any(|t: &Arc<crate::service::FlowRuntime>| t.flow.name == rt.flow.name)
-            {
-                takers.push(rt);
-            }
-        }
-    }
-    if takers.is_empty() {
+    if routed.is_empty() {
         authorize(&service, &headers, None).or_else(|e| {
             if matches!(e, ApiError::Forbidden(_)) {
                 Ok(None)
@@ -118,11 +104,24 @@ pub(super) async fn post_debezium(
             }
         })?;
     }
+    let key = idempotency_key(&headers)?;
     // Every flow's rows are read and checked before any is logged.
-    let mut decoded = Vec::with_capacity(takers.len());
-    for rt in takers {
+    let mut decoded = Vec::with_capacity(routed.len());
+    for (i, batch) in routed {
+        let rt = candidates[i].clone();
         authorize(&service, &headers, Some(&rt.flow.name))?;
-        let (rt, batch, key) = decode_body(&service, rt, &headers, body.clone()).await?;
+        let (rt, batch, key) = match batch {
+            Ok(b) => (rt, b, key.clone()),
+            // An `add_columns` flow whose events have new fields: the
+            // push path adds them (one definition change) and reads again.
+            Err(_) if rt.flow.config.schema_evolution == SchemaEvolution::AddColumns => {
+                decode_body(&service, rt, &headers, body.clone()).await?
+            }
+            Err(e) => {
+                rt.count_rejected();
+                return Err(e.into());
+            }
+        };
         if let Err(e) = crate::core::resolve::validate(&rt.flow, &batch) {
             rt.count_rejected();
             return Err(e.into());

