@@ -227,6 +227,36 @@ pub fn position_of(get: &dyn Fn(&str) -> Option<Value>, op: Op) -> Result<Positi
     Ok(Position { phase, pos, rank })
 }
 
+/// The position of a PostgreSQL event whose `source.sequence` is
+/// `[last, lsn]` (as `position` reads it).
+pub fn postgres_position(last: u64, lsn: u64, op: Op) -> Position {
+    Position {
+        phase: i32::from(op != Op::Read),
+        pos: [ordered(last), ordered(lsn), 0, 0],
+        rank: i32::from(op != Op::Delete),
+    }
+}
+
+/// PostgreSQL's `source.sequence` as its JSON text in the event
+/// (`"[\"12\",\"34\"]"`, either may be `null`): the two positions, read
+/// without building values. `None` for any other shape: `position` reads
+/// (and explains) those.
+pub fn postgres_sequence(raw: &str) -> Option<(Option<u64>, Option<u64>)> {
+    let inner = raw.strip_prefix("\"[")?.strip_suffix("]\"")?;
+    let item = |t: &str| -> Option<Option<u64>> {
+        if t == "null" {
+            return Some(None);
+        }
+        let digits = t.strip_prefix("\\\"")?.strip_suffix("\\\"")?;
+        if digits.is_empty() || digits.len() > 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok().map(Some)
+    };
+    let (a, b) = inner.split_once(',')?;
+    Some((item(a)?, item(b)?))
+}
+
 /// A SQL Server LSN `vvvvvvvv:bbbbbbbb:ssss` (hex) as (vlf << 32 | block, slot); null is 0.
 fn sqlserver_lsn(v: Option<&Value>, what: &str) -> Result<(u64, u16), String> {
     let s = match v {
@@ -523,6 +553,43 @@ mod tests {
             op,
         )
         .unwrap()
+    }
+
+    /// The fast reader of `source.sequence` agrees with `position` on every
+    /// shape it takes, and leaves the others to it.
+    #[test]
+    fn postgres_sequence_text_read_fast_agrees_with_position() {
+        for seq in [
+            "[\"150\",\"130\"]",
+            "[null,\"900\"]",
+            "[\"18446744073709551615\",\"0\"]",
+        ] {
+            let raw = serde_json::to_string(seq).unwrap();
+            let (last, lsn) = postgres_sequence(&raw).unwrap();
+            for op in [Op::Read, Op::Create, Op::Delete] {
+                assert_eq!(
+                    postgres_position(last.unwrap_or(0), lsn.unwrap(), op),
+                    pg(seq, op),
+                    "{seq}"
+                );
+            }
+        }
+        assert_eq!(
+            postgres_sequence(&serde_json::to_string("[\"5\",null]").unwrap()),
+            Some((Some(5), None))
+        );
+        for other in [
+            "[\"1\"]",
+            "[\"1\",\"2\",\"3\"]",
+            "[\"-1\",\"2\"]",
+            "[\"1x\",\"2\"]",
+            "[1,2]",
+            "[\"99999999999999999999\",\"1\"]",
+        ] {
+            let raw = serde_json::to_string(other).unwrap();
+            assert_eq!(postgres_sequence(&raw), None, "{other}");
+        }
+        assert_eq!(postgres_sequence("17"), None);
     }
 
     #[test]

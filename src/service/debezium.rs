@@ -36,19 +36,33 @@ pub struct Change<'a> {
     pub table: String,
     pub op: Op,
     source: Source<'a>,
-    before: Option<&'a RawValue>,
-    after: Option<&'a RawValue>,
+    before: Option<Image<'a>>,
+    after: Option<Image<'a>>,
     /// The value schema, when the event is wrapped.
     schema: Option<Arc<EventSchema>>,
 }
 
 impl<'a> Change<'a> {
     /// The row image a change carries: `before` for a delete, else `after`.
-    fn image(&self) -> (&'static str, Option<&'a RawValue>) {
+    fn image(&self) -> (&'static str, Option<&Image<'a>>) {
         match self.op {
-            Op::Delete => ("before", self.before),
-            _ => ("after", self.after),
+            Op::Delete => ("before", self.before.as_ref()),
+            _ => ("after", self.after.as_ref()),
         }
+    }
+
+    /// Where the event sits in its source's order.
+    fn position(&self) -> std::result::Result<Position, String> {
+        // PostgreSQL's usual form, read without building values.
+        if self.source.connector.map(RawValue::get) == Some("\"postgresql\"")
+            && let Some((last, Some(lsn))) = self
+                .source
+                .sequence
+                .and_then(|s| debezium::postgres_sequence(s.get()))
+        {
+            return Ok(debezium::postgres_position(last.unwrap_or(0), lsn, self.op));
+        }
+        debezium::position_of(&|k| self.source.value(k), self.op)
     }
 }
 
@@ -102,10 +116,10 @@ struct Parts<'a> {
     schema: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
     payload: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    before: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    after: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "image")]
+    before: Option<Image<'a>>,
+    #[serde(borrow, default, deserialize_with = "image")]
+    after: Option<Image<'a>>,
     #[serde(borrow, default)]
     source: Option<Source<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
@@ -182,12 +196,12 @@ impl<'a> Source<'a> {
 
     /// Field `k` when it is a non-empty string.
     fn text(&self, k: &str) -> Option<Cow<'a, str>> {
-        text(self.raw(k)?).filter(|s| !s.is_empty())
+        string(self.raw(k)?).filter(|s| !s.is_empty())
     }
 }
 
 /// A JSON string's text, borrowed unless it has escapes.
-fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
+fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
     match serde_json::from_str::<&str>(raw.get()) {
         Ok(s) => Some(Cow::Borrowed(s)),
         Err(_) => serde_json::from_str::<String>(raw.get())
@@ -196,42 +210,69 @@ fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
     }
 }
 
-/// A JSON value's kind, for errors.
-fn raw_kind(raw: Option<&RawValue>) -> &'static str {
-    match raw.map(|r| serde_json::from_str::<Value>(r.get())) {
-        None => "missing",
-        Some(Ok(v)) => debezium::kind(&v),
-        Some(Err(_)) => "not JSON",
+/// The fields of a row image, in order, values unread.
+#[derive(Debug)]
+struct Fields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de> Fields<'de> {
+    fn visit<A: MapAccess<'de>>(mut m: A) -> std::result::Result<Fields<'de>, A::Error> {
+        #[derive(Deserialize)]
+        struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
+        let mut out = Vec::with_capacity(m.size_hint().unwrap_or(8).min(256));
+        while let Some(Key(k)) = m.next_key()? {
+            let v: &'de RawValue = m.next_value()?;
+            out.push((k, v));
+        }
+        Ok(Fields(out))
     }
 }
 
-/// The fields of a row image, in order, values unread.
-struct Fields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+/// A row image (`before`, `after`): its fields, or what it is instead.
+#[derive(Debug)]
+enum Image<'a> {
+    Row(Fields<'a>),
+    /// Not an object: its kind, for errors.
+    Not(&'static str),
+}
 
-impl<'de> Deserialize<'de> for Fields<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
-        struct Each;
-        impl<'de> Visitor<'de> for Each {
-            type Value = Fields<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a row object")
-            }
-            fn visit_map<A: MapAccess<'de>>(
-                self,
-                mut m: A,
-            ) -> std::result::Result<Fields<'de>, A::Error> {
-                let mut out = Vec::with_capacity(m.size_hint().unwrap_or(8).min(256));
-                while let Some(Key(k)) = m.next_key()? {
-                    let v: &'de RawValue = m.next_value()?;
-                    out.push((k, v));
-                }
-                Ok(Fields(out))
-            }
+/// An image present in an event (null too: `Image::Not("null")`).
+fn image<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Image<'de>>, D::Error> {
+    struct Any;
+    impl<'de> Visitor<'de> for Any {
+        type Value = Image<'de>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a row image")
         }
-        d.deserialize_map(Each)
+        fn visit_map<A: MapAccess<'de>>(self, m: A) -> std::result::Result<Image<'de>, A::Error> {
+            Fields::visit(m).map(Image::Row)
+        }
+        fn visit_unit<E>(self) -> std::result::Result<Image<'de>, E> {
+            Ok(Image::Not("null"))
+        }
+        fn visit_bool<E>(self, _: bool) -> std::result::Result<Image<'de>, E> {
+            Ok(Image::Not("a boolean"))
+        }
+        fn visit_i64<E>(self, _: i64) -> std::result::Result<Image<'de>, E> {
+            Ok(Image::Not("a number"))
+        }
+        fn visit_u64<E>(self, _: u64) -> std::result::Result<Image<'de>, E> {
+            Ok(Image::Not("a number"))
+        }
+        fn visit_f64<E>(self, _: f64) -> std::result::Result<Image<'de>, E> {
+            Ok(Image::Not("a number"))
+        }
+        fn visit_str<E>(self, _: &str) -> std::result::Result<Image<'de>, E> {
+            Ok(Image::Not("a string"))
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut s: A,
+        ) -> std::result::Result<Image<'de>, A::Error> {
+            while s.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok(Image::Not("an array"))
+        }
     }
+    d.deserialize_any(Any).map(Some)
 }
 
 /// What an event's value schema says about its rows: each field's Kafka
@@ -240,8 +281,22 @@ impl<'de> Deserialize<'de> for Fields<'de> {
 struct EventSchema {
     /// A heartbeat or transaction metadata schema.
     not_a_change: bool,
-    before: HashMap<String, Value>,
-    after: HashMap<String, Value>,
+    before: RowSchema,
+    after: RowSchema,
+}
+
+/// The fields of a row in a value schema, in the schema's order (the order
+/// Debezium writes a row's fields in), each with its Connect schema.
+#[derive(Debug, Default)]
+struct RowSchema {
+    fields: Vec<(String, Value)>,
+    index: HashMap<String, usize>,
+}
+
+impl RowSchema {
+    fn get(&self, name: &str) -> Option<&Value> {
+        self.index.get(name).map(|&i| &self.fields[i].1)
+    }
 }
 
 impl EventSchema {
@@ -253,7 +308,7 @@ impl EventSchema {
             .get("name")
             .and_then(Value::as_str)
             .is_some_and(|n| n.ends_with("Heartbeat") || n.ends_with("TransactionMetadataValue"));
-        let row = |which: &str| -> HashMap<String, Value> {
+        let row = |which: &str| -> RowSchema {
             schema
                 .get("fields")
                 .and_then(Value::as_array)
@@ -264,9 +319,16 @@ impl EventSchema {
                 .and_then(|f| f.get("fields"))
                 .and_then(Value::as_array)
                 .map(|fs| {
-                    fs.iter()
+                    let fields: Vec<(String, Value)> = fs
+                        .iter()
                         .filter_map(|f| Some((f.get("field")?.as_str()?.to_string(), f.clone())))
-                        .collect()
+                        .collect();
+                    let index = fields
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (n, _))| (n.clone(), i))
+                        .collect();
+                    RowSchema { fields, index }
                 })
                 .unwrap_or_default()
         };
@@ -277,7 +339,7 @@ impl EventSchema {
         }
     }
 
-    fn row(&self, which: &str) -> &HashMap<String, Value> {
+    fn row(&self, which: &str) -> &RowSchema {
         if which == "before" {
             &self.before
         } else {
@@ -330,9 +392,9 @@ impl<'a> Schemas<'a> {
     /// A whole element wrapped with a schema seen before: the schema and
     /// the payload's bytes. (A payload followed by anything else does not
     /// parse, and the element is read the long way.)
-    fn known(&self, bytes: &'a [u8]) -> Option<(Arc<EventSchema>, &'a [u8])> {
-        let (s, at) = self.known_at(bytes)?;
-        let payload = bytes[at..].trim_ascii_end().strip_suffix(b"}")?;
+    fn known(&self, text: &'a str) -> Option<(Arc<EventSchema>, &'a str)> {
+        let (s, at) = self.known_at(text.as_bytes())?;
+        let payload = text[at..].trim_ascii_end().strip_suffix('}')?;
         Some((s, payload))
     }
 }
@@ -352,23 +414,23 @@ enum Read<'a> {
 fn read_one<'a>(
     flow: &str,
     index: usize,
-    bytes: &'a [u8],
+    text: &'a str,
     schemas: &mut Schemas<'a>,
 ) -> Result<Read<'a>> {
     let err = |m: String| event_err(flow, index, m);
-    let bytes = bytes.trim_ascii();
-    if let Some((schema, payload)) = schemas.known(bytes)
-        && payload.first() == Some(&b'{')
-        && let Ok(parts) = serde_json::from_slice::<Parts>(payload)
+    let text = text.trim_ascii();
+    if let Some((schema, payload)) = schemas.known(text)
+        && payload.starts_with('{')
+        && let Ok(parts) = serde_json::from_str::<Parts>(payload)
         && !parts.is_wrapper()
     {
         return event(flow, index, parts, Some(schema), payload);
     }
-    if bytes == b"null" {
+    if text == "null" {
         return Ok(Read::Tombstone);
     }
-    let not_an_object = |bytes: &[u8]| {
-        let kind = match serde_json::from_slice::<Value>(bytes) {
+    let not_an_object = |text: &str| {
+        let kind = match serde_json::from_str::<Value>(text) {
             Ok(v) => debezium::kind(&v),
             Err(e) => return err(format!("event {index} is not valid JSON: {e}")),
         };
@@ -376,31 +438,31 @@ fn read_one<'a>(
             "event {index} is {kind}, not a Debezium event object"
         ))
     };
-    if bytes.first() != Some(&b'{') {
-        return Err(not_an_object(bytes));
+    if !text.starts_with('{') {
+        return Err(not_an_object(text));
     }
     let outer: Parts =
-        serde_json::from_slice(bytes).map_err(|e| not_an_event(flow, index, bytes, e))?;
+        serde_json::from_str(text).map_err(|e| not_an_event(flow, index, text, e))?;
     if !outer.is_wrapper() {
-        return event(flow, index, outer, None, bytes);
+        return event(flow, index, outer, None, text);
     }
     let schema = outer.schema.and_then(|r| schemas.get(r));
-    let payload = outer.payload.map_or(&b"null"[..], |p| p.get().as_bytes());
-    if payload == b"null" {
+    let payload = outer.payload.map_or("null", RawValue::get);
+    if payload == "null" {
         return Ok(Read::Tombstone);
     }
-    if payload.first() != Some(&b'{') {
+    if !payload.starts_with('{') {
         return Err(not_an_object(payload));
     }
     let parts: Parts =
-        serde_json::from_slice(payload).map_err(|e| not_an_event(flow, index, payload, e))?;
+        serde_json::from_str(payload).map_err(|e| not_an_event(flow, index, payload, e))?;
     event(flow, index, parts, schema, payload)
 }
 
 /// Why an object is not read as an event: not JSON, a `source` that is no
 /// object, or the reader's own words.
-fn not_an_event(flow: &str, index: usize, bytes: &[u8], e: serde_json::Error) -> Error {
-    let message = match serde_json::from_slice::<Value>(bytes) {
+fn not_an_event(flow: &str, index: usize, text: &str, e: serde_json::Error) -> Error {
+    let message = match serde_json::from_str::<Value>(text) {
         Err(e) => format!("event {index} is not valid JSON: {e}"),
         Ok(v)
             if v.get("source")
@@ -419,12 +481,12 @@ fn event<'a>(
     index: usize,
     parts: Parts<'a>,
     schema: Option<Arc<EventSchema>>,
-    bytes: &'a [u8],
+    text: &'a str,
 ) -> Result<Read<'a>> {
     let err = |m: String| event_err(flow, index, m);
     let Some(op) = parts.op else {
         // No `op`: a heartbeat, transaction metadata, or no event at all.
-        let obj: Map<String, Value> = serde_json::from_slice(bytes)
+        let obj: Map<String, Value> = serde_json::from_str(text)
             .map_err(|e| err(format!("event {index} is not valid JSON: {e}")))?;
         let status = obj
             .get("status")
@@ -445,7 +507,7 @@ fn event<'a>(
             "event {index} has no `op`: it is not a Debezium change event{hint}"
         )));
     };
-    let op = match text(op).as_deref() {
+    let op = match string(op).as_deref() {
         Some("m") => return Ok(Read::Message),
         Some(s) => Op::parse(s),
         None => None,
@@ -503,6 +565,12 @@ pub fn read_body<'a>(
         flow: flow.to_string(),
         message: format!("the body is not a JSON array of events: {why}"),
     };
+    // Checked once, so that every value is read as text unchecked.
+    let text: &'a str = std::str::from_utf8(body).map_err(|e| Error::Input {
+        code: codes::MALFORMED_BODY,
+        flow: flow.to_string(),
+        message: format!("the body is not UTF-8 JSON: {e}"),
+    })?;
     let mut out = (Vec::new(), Skipped::default());
     let mut schemas = Schemas::default();
     let keep = |out: &mut (Vec<Change<'a>>, Skipped), read: Read<'a>| match read {
@@ -522,7 +590,7 @@ pub fn read_body<'a>(
             let mut index = 0;
             let mut start = 0;
             for end in memchr::memchr_iter(b'\n', body).chain([body.len()]) {
-                let line = body[start..end].trim_ascii();
+                let line = text[start..end].trim_ascii();
                 start = end + 1;
                 if line.is_empty() {
                     continue;
@@ -537,7 +605,7 @@ pub fn read_body<'a>(
         BodyFormat::JsonArray if body.get(skip_ws(0)) != Some(&b'[') => {
             keep(
                 &mut out,
-                read_one(flow, 0, body.trim_ascii(), &mut schemas)?,
+                read_one(flow, 0, text.trim_ascii(), &mut schemas)?,
             );
         }
         BodyFormat::JsonArray => {
@@ -550,7 +618,7 @@ pub fn read_body<'a>(
                     if index == limits.max_rows {
                         return Err(too_many());
                     }
-                    let end = match known_event(flow, index, body, i, &schemas) {
+                    let end = match known_event(flow, index, text, i, &schemas) {
                         Some(read) => {
                             let (read, end) = read?;
                             keep(&mut out, read);
@@ -558,12 +626,12 @@ pub fn read_body<'a>(
                         }
                         None => {
                             // The long way: the element as it is.
-                            let mut one = serde_json::Deserializer::from_slice(&body[i..])
+                            let mut one = serde_json::Deserializer::from_str(&text[i..])
                                 .into_iter::<&RawValue>();
                             match one.next() {
                                 Some(Ok(raw)) => {
-                                    let bytes = raw.get().as_bytes();
-                                    keep(&mut out, read_one(flow, index, bytes, &mut schemas)?);
+                                    let element = raw.get();
+                                    keep(&mut out, read_one(flow, index, element, &mut schemas)?);
                                     i + one.byte_offset()
                                 }
                                 Some(Err(e)) if e.is_eof() => {
@@ -622,16 +690,17 @@ pub fn read_body<'a>(
 fn known_event<'a>(
     flow: &str,
     index: usize,
-    body: &'a [u8],
+    text: &'a str,
     at: usize,
     schemas: &Schemas<'a>,
 ) -> Option<Result<(Read<'a>, usize)>> {
+    let body = text.as_bytes();
     let (schema, offset) = schemas.known_at(&body[at..])?;
     let from = at + offset;
     if body.get(from) != Some(&b'{') {
         return None;
     }
-    let mut one = serde_json::Deserializer::from_slice(&body[from..]).into_iter::<Parts>();
+    let mut one = serde_json::Deserializer::from_str(&text[from..]).into_iter::<Parts>();
     let parts = one.next()?.ok().filter(|p| !p.is_wrapper())?;
     let to = from + one.byte_offset();
     let mut close = to;
@@ -641,7 +710,7 @@ fn known_event<'a>(
     if body.get(close) != Some(&b'}') {
         return None;
     }
-    Some(event(flow, index, parts, Some(schema), &body[from..to]).map(|r| (r, close + 1)))
+    Some(event(flow, index, parts, Some(schema), &text[from..to]).map(|r| (r, close + 1)))
 }
 
 /// Whether `flow` takes `table`'s changes: its `source_table`, matched
@@ -683,13 +752,18 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
     let mut ends: Vec<usize> = Vec::with_capacity(changes.len());
     let mut bytes: Vec<Vec<Option<Vec<u8>>>> =
         vec![Vec::with_capacity(changes.len()); binary.len()];
+    // Whether a field's value is copied as its text into column `c`.
+    let passes = |c: usize, field: Option<&Value>| {
+        !binary.contains(&c) && debezium::passes_through(field, &types[c])
+    };
     for c in changes {
         let err = |m: String| event_err(&flow.name, c.index, m);
         if c.op == Op::Truncate && flow.truncates.is_none() {
             skipped.truncates += 1;
             continue;
         }
-        let position = debezium::position_of(&|k| c.source.value(k), c.op)
+        let position = c
+            .position()
             .map_err(|m| err(format!("event {}: {m}", c.index)))?;
         if flow.truncates.is_some()
             && debezium::ends_snapshot(c.source.text("snapshot").as_deref(), c.op)
@@ -709,9 +783,7 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
         lines.push(b'{');
         match (c.op, image) {
             (Op::Truncate, _) => {}
-            (_, Some(raw)) if raw.get().starts_with('{') => {
-                let Fields(fields) = serde_json::from_str(raw.get())
-                    .map_err(|e| err(format!("event {}: `{which}` {e}", c.index)))?;
+            (_, Some(Image::Row(Fields(fields)))) => {
                 let schema = c.schema.as_ref().map(|s| s.row(which));
                 let mut first = true;
                 for (name, v) in fields {
@@ -720,17 +792,19 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
                             lines.push(b',');
                         }
                     };
-                    let Some(col) = flow.field_column(&name) else {
+                    let col = flow.field_column(name);
+                    let field = schema.and_then(|s| s.get(name));
+                    let pass = col.is_some_and(|c| passes(c, field));
+                    let Some(col) = col else {
                         comma(&mut lines, &mut first);
                         serde_json::to_writer(&mut lines, name.as_ref())?;
                         lines.push(b':');
                         lines.extend_from_slice(v.get().as_bytes());
                         continue;
                     };
-                    let field = schema.and_then(|s| s.get(name.as_ref()));
                     let ty = &types[col];
                     let b = binary.iter().position(|&b| b == col);
-                    if b.is_none() && debezium::passes_through(field, ty) {
+                    if pass {
                         comma(&mut lines, &mut first);
                         lines.extend_from_slice(&names[col]);
                         lines.push(b':');
@@ -786,7 +860,10 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
                     "event {} (op {}) has no `after` row (it is {})",
                     c.index,
                     c.op.code(),
-                    raw_kind(v)
+                    match v {
+                        Some(Image::Not(kind)) => kind,
+                        _ => "missing",
+                    }
                 )));
             }
         }
@@ -932,21 +1009,20 @@ pub fn new_columns(
     let mut untyped: Vec<Vec<u8>> = Vec::new();
     for c in changes.iter().filter(|c| takes(flow, &c.table)) {
         let (which, image) = c.image();
-        let Some(Ok(Value::Object(row))) = image.map(|r| serde_json::from_str::<Value>(r.get()))
-        else {
+        let Some(Image::Row(Fields(row))) = image else {
             continue;
         };
         let fields = c.schema.as_ref().map(|s| s.row(which));
         let mut rest = Map::new();
         for (name, v) in row {
-            if flow.field_column(&name).is_some() || typed.iter().any(|f| f.name() == &name) {
+            if flow.field_column(name).is_some() || typed.iter().any(|f| f.name() == name) {
                 continue;
             }
-            let field = fields.and_then(|fs| fs.get(&name));
+            let field = fields.and_then(|fs| fs.get(name));
             match field.and_then(connect_type) {
-                Some(t) => typed.push(arrow_schema::Field::new(name, t, true)),
+                Some(t) => typed.push(arrow_schema::Field::new(name.as_ref(), t, true)),
                 None => {
-                    rest.insert(name, v);
+                    rest.insert(name.to_string(), serde_json::from_str(v.get())?);
                 }
             }
         }

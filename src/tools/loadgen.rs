@@ -61,7 +61,7 @@ async fn push_bodies(
     client: reqwest::Client,
     url: String,
     ctype: &'static str,
-    bodies: Arc<Vec<Vec<u8>>>,
+    bodies: Arc<Vec<bytes::Bytes>>,
     next: Arc<AtomicUsize>,
     throttled: Arc<AtomicUsize>,
 ) -> Result<Vec<f64>> {
@@ -199,12 +199,17 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         let name = format!("load_{f}");
         // Every format pushes the same changes (the rows flow's batches).
         let rows_flow = Flow::new(generate::changes_flow(&name, &format!("bench.{name}"))?)?;
-        let bodies: Vec<Vec<u8>> = batches(&rows_flow, &a)?
+        // Sent from shared buffers, not copied per request (as a sink sends
+        // from its own buffer).
+        let bodies: Vec<bytes::Bytes> = batches(&rows_flow, &a)?
             .iter()
-            .map(|b| match *f {
-                "ndjson" => generate::to_ndjson(b),
-                "debezium" => generate::to_debezium(b),
-                _ => input::encode_arrow_ipc(b),
+            .map(|b| {
+                match *f {
+                    "ndjson" => generate::to_ndjson(b),
+                    "debezium" => generate::to_debezium(b),
+                    _ => input::encode_arrow_ipc(b),
+                }
+                .map(bytes::Bytes::from)
             })
             .collect::<Result<_>>()?;
         let bodies = Arc::new(bodies);
