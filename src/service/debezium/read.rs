@@ -1,31 +1,22 @@
-//! Debezium change events in: a body of events (one JSON object, a JSON
-//! array of them as Debezium Server's HTTP sink sends with
-//! `batch.enabled=true`, or NDJSON), each wrapped (`{"schema", "payload"}`,
-//! the JSON converter's `schemas.enable=true`) or bare, read into a flow's
-//! source rows with the hidden columns of `core::debezium` filled.
-//!
-//! Elements that are no change (tombstones, heartbeats, transaction
-//! metadata, `m` messages) and changes of tables no flow takes are skipped
-//! and counted, never refused: a refusal makes the sink retry, then stop.
-//! A malformed event, a value that does not fit its column or a delete
-//! without its key is refused with the event's index, and nothing of the
-//! body is applied.
+//! Reading a body of Debezium events in one pass, borrowed from the body:
+//! the envelope's parts (`Parts`), the source block (`Source`), row images
+//! (`Image`, `Fields`), value schemas read once per body (`Schemas`, whose
+//! repeated text is skipped by its bytes), and the `Change`s they make.
+//! Turning changes into a flow's rows is the parent module.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, BinaryArray, Int32Array, Int64Array, RecordBatch, StringArray};
-use iceberg::spec::{PrimitiveType, Type};
+use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
-use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::core::debezium::{self, Cell, Op, Position};
-use crate::core::flow::Flow;
+use super::{Skipped, event_err};
+use crate::core::debezium::{self, Op, Position};
 use crate::error::{Error, Result, codes};
-use crate::service::input::{self, BodyFormat, Limits};
+use crate::service::input::{BodyFormat, Limits};
 
 /// One change event of a body, its parts borrowed from the body.
 #[derive(Debug)]
@@ -44,17 +35,28 @@ pub struct Change<'a> {
 
 impl<'a> Change<'a> {
     /// The row image a change carries: `before` for a delete, else `after`.
-    fn image(&self) -> (&'static str, Option<&Image<'a>>) {
+    pub(super) fn image(&self) -> (&'static str, Option<&Image<'a>>) {
         match self.op {
             Op::Delete => ("before", self.before.as_ref()),
             _ => ("after", self.after.as_ref()),
         }
     }
 
+    /// The value schema's fields of its `which` row image, when the event
+    /// is wrapped.
+    pub(super) fn row_schema(&self, which: &str) -> Option<&RowSchema> {
+        self.schema.as_ref().map(|s| s.row(which))
+    }
+
+    /// Whether it is the last read of its table's snapshot.
+    pub(super) fn ends_snapshot(&self) -> bool {
+        debezium::ends_snapshot(self.source.text("snapshot").as_deref(), self.op)
+    }
+
     /// Where the event sits in its source's order.
-    fn position(&self) -> std::result::Result<Position, String> {
+    pub(super) fn position(&self) -> std::result::Result<Position, String> {
         // PostgreSQL's usual form, read without building values.
-        if self.source.connector.map(RawValue::get) == Some("\"postgresql\"")
+        if self.source.is_postgres()
             && let Some((last, Some(lsn))) = self
                 .source
                 .sequence
@@ -63,41 +65,6 @@ impl<'a> Change<'a> {
             return Ok(debezium::postgres_position(last.unwrap_or(0), lsn, self.op));
         }
         debezium::position_of(&|k| self.source.value(k), self.op)
-    }
-}
-
-/// What a body held that is no change of a flow, by kind.
-#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct Skipped {
-    /// Null values (the tombstone after a delete).
-    pub tombstones: u64,
-    /// Heartbeats and transaction metadata.
-    pub not_changes: u64,
-    /// Logical-decoding messages (`op = "m"`).
-    pub messages: u64,
-    /// Changes of tables no flow takes.
-    pub other_tables: u64,
-    /// Truncates of an SCD Type 2 flow's table (which keeps its history).
-    pub truncates: u64,
-}
-
-impl Skipped {
-    pub fn add(&mut self, o: &Skipped) {
-        self.tombstones += o.tombstones;
-        self.not_changes += o.not_changes;
-        self.messages += o.messages;
-        self.other_tables += o.other_tables;
-        self.truncates += o.truncates;
-    }
-}
-
-fn event_err(flow: &str, index: usize, message: String) -> Error {
-    Error::Batch {
-        code: codes::DEBEZIUM_EVENT,
-        flow: flow.to_string(),
-        row: index,
-        column: String::new(),
-        message,
     }
 }
 
@@ -124,6 +91,12 @@ struct Parts<'a> {
     source: Option<Source<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
     op: Option<&'a RawValue>,
+    /// A flattened event's (ExtractNewRecordState's `add.fields=op`).
+    #[serde(rename = "__op", borrow, default, deserialize_with = "present")]
+    flat_op: Option<&'a RawValue>,
+    /// A flattened delete's (`delete.handling.mode=rewrite`).
+    #[serde(rename = "__deleted", borrow, default, deserialize_with = "present")]
+    flat_deleted: Option<&'a RawValue>,
 }
 
 impl Parts<'_> {
@@ -131,6 +104,8 @@ impl Parts<'_> {
     fn is_wrapper(&self) -> bool {
         self.payload.is_some()
             && self.op.is_none()
+            && self.flat_op.is_none()
+            && self.flat_deleted.is_none()
             && self.before.is_none()
             && self.after.is_none()
             && self.source.is_none()
@@ -167,6 +142,10 @@ struct Source<'a> {
     change_lsn: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
     event_serial_no: Option<&'a RawValue>,
+    /// A flattened event's connector, told by its position fields when it
+    /// does not name one.
+    #[serde(skip)]
+    inferred: Option<&'static str>,
 }
 
 impl<'a> Source<'a> {
@@ -191,7 +170,15 @@ impl<'a> Source<'a> {
 
     /// Field `k` as a JSON value (what `core::debezium::position_of` reads).
     fn value(&self, k: &str) -> Option<Value> {
-        serde_json::from_str(self.raw(k)?.get()).ok()
+        match (k, self.raw(k), self.inferred) {
+            ("connector", None, Some(c)) => Some(Value::String(c.into())),
+            (_, raw, _) => serde_json::from_str(raw?.get()).ok(),
+        }
+    }
+
+    fn is_postgres(&self) -> bool {
+        self.connector.map(RawValue::get) == Some("\"postgresql\"")
+            || (self.connector.is_none() && self.inferred == Some("postgresql"))
     }
 
     /// Field `k` when it is a non-empty string.
@@ -212,7 +199,26 @@ fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
 
 /// The fields of a row image, in order, values unread.
 #[derive(Debug)]
-struct Fields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+pub(super) struct Fields<'a>(pub(super) Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Fields<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Map;
+        impl<'de> Visitor<'de> for Map {
+            type Value = Fields<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                m: A,
+            ) -> std::result::Result<Fields<'de>, A::Error> {
+                Fields::visit(m)
+            }
+        }
+        d.deserialize_map(Map)
+    }
+}
 
 impl<'de> Fields<'de> {
     fn visit<A: MapAccess<'de>>(mut m: A) -> std::result::Result<Fields<'de>, A::Error> {
@@ -229,7 +235,7 @@ impl<'de> Fields<'de> {
 
 /// A row image (`before`, `after`): its fields, or what it is instead.
 #[derive(Debug)]
-enum Image<'a> {
+pub(super) enum Image<'a> {
     Row(Fields<'a>),
     /// Not an object: its kind, for errors.
     Not(&'static str),
@@ -288,13 +294,27 @@ struct EventSchema {
 /// The fields of a row in a value schema, in the schema's order (the order
 /// Debezium writes a row's fields in), each with its Connect schema.
 #[derive(Debug, Default)]
-struct RowSchema {
+pub(super) struct RowSchema {
     fields: Vec<(String, Value)>,
     index: HashMap<String, usize>,
 }
 
 impl RowSchema {
-    fn get(&self, name: &str) -> Option<&Value> {
+    fn of(fields: Option<&Vec<Value>>) -> RowSchema {
+        let fields: Vec<(String, Value)> = fields
+            .into_iter()
+            .flatten()
+            .filter_map(|f| Some((f.get("field")?.as_str()?.to_string(), f.clone())))
+            .collect();
+        let index = fields
+            .iter()
+            .enumerate()
+            .map(|(i, (n, _))| (n.clone(), i))
+            .collect();
+        RowSchema { fields, index }
+    }
+
+    pub(super) fn get(&self, name: &str) -> Option<&Value> {
         self.index.get(name).map(|&i| &self.fields[i].1)
     }
 }
@@ -308,34 +328,24 @@ impl EventSchema {
             .get("name")
             .and_then(Value::as_str)
             .is_some_and(|n| n.ends_with("Heartbeat") || n.ends_with("TransactionMetadataValue"));
-        let row = |which: &str| -> RowSchema {
-            schema
-                .get("fields")
-                .and_then(Value::as_array)
-                .and_then(|fs| {
-                    fs.iter()
-                        .find(|f| f.get("field").and_then(Value::as_str) == Some(which))
-                })
-                .and_then(|f| f.get("fields"))
-                .and_then(Value::as_array)
-                .map(|fs| {
-                    let fields: Vec<(String, Value)> = fs
-                        .iter()
-                        .filter_map(|f| Some((f.get("field")?.as_str()?.to_string(), f.clone())))
-                        .collect();
-                    let index = fields
-                        .iter()
-                        .enumerate()
-                        .map(|(i, (n, _))| (n.clone(), i))
-                        .collect();
-                    RowSchema { fields, index }
-                })
-                .unwrap_or_default()
+        let fields = schema.get("fields").and_then(Value::as_array);
+        let nested = |which: &str| {
+            fields?
+                .iter()
+                .find(|f| f.get("field").and_then(Value::as_str) == Some(which))?
+                .get("fields")?
+                .as_array()
+        };
+        let (before, after) = match (nested("before"), nested("after")) {
+            // A flattened event's schema (ExtractNewRecordState): the row's
+            // fields at the top level, beside its `__` metadata.
+            (None, None) => (RowSchema::of(fields), RowSchema::of(fields)),
+            (b, a) => (RowSchema::of(b), RowSchema::of(a)),
         };
         EventSchema {
             not_a_change,
-            before: row("before"),
-            after: row("after"),
+            before,
+            after,
         }
     }
 
@@ -484,6 +494,9 @@ fn event<'a>(
     text: &'a str,
 ) -> Result<Read<'a>> {
     let err = |m: String| event_err(flow, index, m);
+    if parts.flat_op.is_some() || parts.flat_deleted.is_some() {
+        return flattened(flow, index, schema, text).map(Read::Change);
+    }
     let Some(op) = parts.op else {
         // No `op`: a heartbeat, transaction metadata, or no event at all.
         let obj: Map<String, Value> = serde_json::from_str(text)
@@ -498,13 +511,8 @@ fn event<'a>(
         {
             return Ok(Read::NotAChange);
         }
-        let hint = if obj.contains_key("__op") || obj.contains_key("__deleted") {
-            " (events flattened by ExtractNewRecordState are not taken yet: remove the SMT)"
-        } else {
-            ""
-        };
         return Err(err(format!(
-            "event {index} has no `op`: it is not a Debezium change event{hint}"
+            "event {index} has no `op`: it is not a Debezium change event"
         )));
     };
     let op = match string(op).as_deref() {
@@ -541,6 +549,110 @@ fn event<'a>(
         after: parts.after,
         schema,
     }))
+}
+
+/// An event flattened by Debezium's ExtractNewRecordState SMT: the row
+/// (`after`, or `before` for a rewritten delete) with the metadata its
+/// `add.fields` named as `__` fields beside it. The operation (`__op`) and
+/// the source position (`__sequence` or `__lsn` for PostgreSQL, `__file`,
+/// `__pos`, `__row` for MySQL, `__commit_lsn`, `__change_lsn`,
+/// `__event_serial_no` for SQL Server; `__source_x` as well as `__x`) are
+/// needed; `__table` with `__schema` (or `__db`) names its table. Every
+/// `__` field is metadata, never a column.
+fn flattened<'a>(
+    flow: &str,
+    index: usize,
+    schema: Option<Arc<EventSchema>>,
+    text: &'a str,
+) -> Result<Change<'a>> {
+    let err = |m: String| event_err(flow, index, m);
+    let Fields(all) = serde_json::from_str(text)
+        .map_err(|e| err(format!("event {index} is not valid JSON: {e}")))?;
+    let mut source = Source::default();
+    let mut row = Vec::with_capacity(all.len());
+    let (mut op, mut deleted) = (None, false);
+    for (name, v) in all {
+        let Some(meta) = name.strip_prefix("__") else {
+            row.push((name, v));
+            continue;
+        };
+        let slot = match meta.strip_prefix("source_").unwrap_or(meta) {
+            "op" => &mut op,
+            "deleted" => {
+                deleted = v.get() == "true" || string(v).as_deref() == Some("true");
+                continue;
+            }
+            "connector" => &mut source.connector,
+            "schema" => &mut source.schema,
+            "db" => &mut source.db,
+            "table" => &mut source.table,
+            "snapshot" => &mut source.snapshot,
+            "sequence" => &mut source.sequence,
+            "lsn" => &mut source.lsn,
+            "file" => &mut source.file,
+            "pos" => &mut source.pos,
+            "row" => &mut source.row,
+            "commit_lsn" => &mut source.commit_lsn,
+            "change_lsn" => &mut source.change_lsn,
+            "event_serial_no" => &mut source.event_serial_no,
+            _ => continue,
+        };
+        *slot = Some(v);
+    }
+    const NEEDS: &str = "the SMT's add.fields";
+    let op = match op.and_then(string).as_deref().map(Op::parse) {
+        _ if deleted => Op::Delete,
+        Some(Some(op)) => op,
+        Some(None) => {
+            return Err(err(format!(
+                "event {index} has an `__op` Debezium does not send"
+            )));
+        }
+        None => {
+            return Err(err(format!(
+                "event {index} is flattened (ExtractNewRecordState) without `__op`: add op to {NEEDS}, so that snapshot reads, changes and deletes are told apart"
+            )));
+        }
+    };
+    source.inferred = match (
+        &source.sequence,
+        &source.lsn,
+        &source.file,
+        &source.commit_lsn,
+    ) {
+        (Some(_), ..) | (_, Some(_), ..) => Some("postgresql"),
+        (_, _, Some(_), _) => Some("mysql"),
+        (.., Some(_)) => Some("sqlserver"),
+        _ if source.connector.is_some() => None,
+        _ => {
+            return Err(err(format!(
+                "event {index} is flattened (ExtractNewRecordState) without its source position: add sequence (PostgreSQL), file,pos,row (MySQL) or commit_lsn,change_lsn,event_serial_no (SQL Server) to {NEEDS}"
+            )));
+        }
+    };
+    // Without `__table` it is taken by the flow it is sent to (not routed).
+    let table = match (
+        source.text("schema").or(source.text("db")),
+        source.text("table"),
+    ) {
+        (Some(ns), Some(t)) => format!("{ns}.{t}"),
+        _ => String::new(),
+    };
+    let image = Some(Image::Row(Fields(row)));
+    let (before, after) = if op == Op::Delete {
+        (image, None)
+    } else {
+        (None, image)
+    };
+    Ok(Change {
+        index,
+        table,
+        op,
+        source,
+        before,
+        after,
+        schema,
+    })
 }
 
 /// Reads a body's events in one pass: its changes, and what it skipped,
@@ -711,384 +823,4 @@ fn known_event<'a>(
         return None;
     }
     Some(event(flow, index, parts, Some(schema), &text[from..to]).map(|r| (r, close + 1)))
-}
-
-/// Whether `flow` takes `table`'s changes: its `source_table`, matched
-/// regardless of ASCII case (a flow without one takes every table sent to
-/// its own endpoint).
-pub fn takes(flow: &Flow, table: &str) -> bool {
-    flow.config
-        .source_table
-        .as_deref()
-        .is_none_or(|t| t.eq_ignore_ascii_case(table))
-}
-
-/// The rows of `changes` in `flow`'s source schema, hidden columns filled.
-/// Each event's row becomes one flat JSON line for the row decoder: a field
-/// whose value needs no decoding (`core::debezium::passes_through`) is
-/// copied as its text, the others decoded by their schema. Unknown fields
-/// stay in the line, so the row decoder refuses them (or an `add_columns`
-/// flow adds them), as for any push.
-pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBatch, Skipped)> {
-    let mut skipped = Skipped::default();
-    let declared = flow.config.columns.len();
-    let types: Vec<Type> = (0..declared)
-        .map(|i| {
-            flow.column_type(i)
-                .unwrap_or(Type::Primitive(PrimitiveType::String))
-        })
-        .collect();
-    let names: Vec<Vec<u8>> = (0..declared)
-        .map(|i| serde_json::to_vec(flow.column_name(i)))
-        .collect::<std::result::Result<_, _>>()?;
-    let binary: Vec<usize> = (0..declared)
-        .filter(|&i| types[i] == Type::Primitive(PrimitiveType::Binary))
-        .collect();
-    // Per row: its event's index in the body, its op, its position, and
-    // the end of its line in `lines`.
-    let mut kept: Vec<(usize, Op)> = Vec::with_capacity(changes.len());
-    let mut positions: Vec<Position> = Vec::with_capacity(changes.len());
-    let mut lines: Vec<u8> = Vec::with_capacity(changes.len() * 64);
-    let mut ends: Vec<usize> = Vec::with_capacity(changes.len());
-    let mut bytes: Vec<Vec<Option<Vec<u8>>>> =
-        vec![Vec::with_capacity(changes.len()); binary.len()];
-    // Whether a field's value is copied as its text into column `c`.
-    let passes = |c: usize, field: Option<&Value>| {
-        !binary.contains(&c) && debezium::passes_through(field, &types[c])
-    };
-    for c in changes {
-        let err = |m: String| event_err(&flow.name, c.index, m);
-        if c.op == Op::Truncate && flow.truncates.is_none() {
-            skipped.truncates += 1;
-            continue;
-        }
-        let position = c
-            .position()
-            .map_err(|m| err(format!("event {}: {m}", c.index)))?;
-        if flow.truncates.is_some()
-            && debezium::ends_snapshot(c.source.text("snapshot").as_deref(), c.op)
-        {
-            // The table's snapshot is complete: a truncate just below its
-            // reads removes what an earlier, partial snapshot left.
-            lines.extend_from_slice(b"{}");
-            ends.push(lines.len());
-            positions.push(position.snapshot_end());
-            kept.push((c.index, Op::Truncate));
-            for b in &mut bytes {
-                b.push(None);
-            }
-        }
-        let (which, image) = c.image();
-        let mut row_bytes: Vec<Option<Vec<u8>>> = vec![None; binary.len()];
-        lines.push(b'{');
-        match (c.op, image) {
-            (Op::Truncate, _) => {}
-            (_, Some(Image::Row(Fields(fields)))) => {
-                let schema = c.schema.as_ref().map(|s| s.row(which));
-                let mut first = true;
-                for (name, v) in fields {
-                    let comma = |lines: &mut Vec<u8>, first: &mut bool| {
-                        if !std::mem::take(first) {
-                            lines.push(b',');
-                        }
-                    };
-                    let col = flow.field_column(name);
-                    let field = schema.and_then(|s| s.get(name));
-                    let pass = col.is_some_and(|c| passes(c, field));
-                    let Some(col) = col else {
-                        comma(&mut lines, &mut first);
-                        serde_json::to_writer(&mut lines, name.as_ref())?;
-                        lines.push(b':');
-                        lines.extend_from_slice(v.get().as_bytes());
-                        continue;
-                    };
-                    let ty = &types[col];
-                    let b = binary.iter().position(|&b| b == col);
-                    if pass {
-                        comma(&mut lines, &mut first);
-                        lines.extend_from_slice(&names[col]);
-                        lines.push(b':');
-                        lines.extend_from_slice(v.get().as_bytes());
-                        continue;
-                    }
-                    let bad = |why: String| Error::Batch {
-                        code: codes::BAD_COLUMN,
-                        flow: flow.name.clone(),
-                        row: c.index,
-                        column: name.to_string(),
-                        message: format!("event {}, field `{name}`: {why}", c.index),
-                    };
-                    let value: Value =
-                        serde_json::from_str(v.get()).map_err(|e| bad(e.to_string()))?;
-                    let cell = debezium::decode_value(field, &value, ty).map_err(bad)?;
-                    match (b, cell) {
-                        (Some(b), Cell::Bytes(v)) => row_bytes[b] = Some(v),
-                        (Some(b), Cell::Json(Value::String(s))) => {
-                            row_bytes[b] = Some(s.into_bytes())
-                        }
-                        (Some(_), Cell::Json(Value::Null)) => {}
-                        (Some(_), Cell::Json(other)) => {
-                            return Err(bad(format!(
-                                "a binary column takes base64 text, not {}",
-                                debezium::kind(&other)
-                            )));
-                        }
-                        (None, Cell::Json(v)) => {
-                            comma(&mut lines, &mut first);
-                            lines.extend_from_slice(&names[col]);
-                            lines.push(b':');
-                            serde_json::to_writer(&mut lines, &v)?;
-                        }
-                        (None, Cell::Bytes(_)) => unreachable!("bytes only for binary columns"),
-                    }
-                }
-            }
-            (Op::Delete, _) => {
-                return Err(Error::Batch {
-                    code: codes::DEBEZIUM_NO_KEY,
-                    flow: flow.name.clone(),
-                    row: c.index,
-                    column: String::new(),
-                    message: format!(
-                        "event {} deletes a row of {} without its key (`before` is empty): set REPLICA IDENTITY DEFAULT or FULL on the source table",
-                        c.index, c.table
-                    ),
-                });
-            }
-            (_, v) => {
-                return Err(err(format!(
-                    "event {} (op {}) has no `after` row (it is {})",
-                    c.index,
-                    c.op.code(),
-                    match v {
-                        Some(Image::Not(kind)) => kind,
-                        _ => "missing",
-                    }
-                )));
-            }
-        }
-        lines.push(b'}');
-        ends.push(lines.len());
-        for (b, v) in row_bytes.into_iter().enumerate() {
-            bytes[b].push(v);
-        }
-        positions.push(position);
-        kept.push((c.index, c.op));
-    }
-    let mut refs: Vec<&[u8]> = Vec::with_capacity(ends.len());
-    let mut from = 0;
-    for &end in &ends {
-        refs.push(&lines[from..end]);
-        from = end;
-    }
-    let batch = input::decode_json_rows(flow, &refs, strict).map_err(|e| match e {
-        // The decoder counts this flow's rows; the event's index is the body's.
-        Error::Batch {
-            code,
-            flow,
-            row,
-            column,
-            message,
-        } => Error::Batch {
-            code,
-            flow,
-            row: kept.get(row).map_or(row, |k| k.0),
-            column,
-            message,
-        },
-        e => e,
-    })?;
-    let mut cols: Vec<ArrayRef> = batch.columns().to_vec();
-    for (b, &col) in binary.iter().enumerate() {
-        cols[col] = Arc::new(BinaryArray::from_iter(
-            bytes[b].iter().map(|v| v.as_deref()),
-        ));
-    }
-    let hidden = declared;
-    cols[hidden] = Arc::new(StringArray::from_iter_values(
-        kept.iter().map(|k| k.1.code()),
-    ));
-    cols[hidden + 1] = Arc::new(Int32Array::from_iter_values(
-        positions.iter().map(|p| p.phase),
-    ));
-    for k in 0..4 {
-        cols[hidden + 2 + k] = Arc::new(Int64Array::from_iter_values(
-            positions.iter().map(|p| p.pos[k]),
-        ));
-    }
-    cols[hidden + 6] = Arc::new(Int32Array::from_iter_values(
-        positions.iter().map(|p| p.rank),
-    ));
-    Ok((
-        RecordBatch::try_new(flow.source_arrow.clone(), cols)?,
-        skipped,
-    ))
-}
-
-/// A body pushed to one Debezium flow (`POST /v1/flows/{flow}/changes`,
-/// `autocdc apply`): its events of the flow's `source_table` (all, without
-/// one), the others skipped.
-pub fn decode(
-    flow: &Flow,
-    format: BodyFormat,
-    body: &[u8],
-    limits: Limits,
-    strict: bool,
-) -> Result<(RecordBatch, Skipped)> {
-    let (changes, mut skipped) = read_body(&flow.name, format, body, limits)?;
-    let mine: Vec<&Change> = changes.iter().filter(|c| takes(flow, &c.table)).collect();
-    skipped.other_tables += (changes.len() - mine.len()) as u64;
-    let (batch, more) = rows(flow, &mine, strict)?;
-    skipped.add(&more);
-    Ok((batch, skipped))
-}
-
-/// The rows a body has for one flow: the flow's place in `route`'s list,
-/// and its rows (or why they cannot be read).
-pub type Routed = (usize, Result<RecordBatch>);
-
-/// A body for `POST /v1/debezium`, read once: for each of `flows` that
-/// takes events of it (by `source_table`), those events' rows, read as
-/// `decode` reads them; and what no flow took.
-pub fn route(
-    flows: &[Flow],
-    format: BodyFormat,
-    body: &[u8],
-    limits: Limits,
-) -> Result<(Vec<Routed>, Skipped)> {
-    let (changes, mut skipped) = read_body("(debezium)", format, body, limits)?;
-    let source = |f: &Flow| f.config.source_table.clone();
-    for (table, cs) in by_table(&changes) {
-        if !flows
-            .iter()
-            .any(|f| source(f).is_some_and(|t| t.eq_ignore_ascii_case(table)))
-        {
-            skipped.other_tables += cs.len() as u64;
-        }
-    }
-    let mut out = Vec::new();
-    for (i, flow) in flows.iter().enumerate() {
-        let Some(t) = source(flow) else { continue };
-        let mine: Vec<&Change> = changes
-            .iter()
-            .filter(|c| c.table.eq_ignore_ascii_case(&t))
-            .collect();
-        if mine.is_empty() {
-            continue;
-        }
-        let batch = rows(flow, &mine, true).map(|(b, more)| {
-            skipped.add(&more);
-            b
-        });
-        out.push((i, batch));
-    }
-    Ok((out, skipped))
-}
-
-/// Changes grouped by table, in body order within each.
-pub fn by_table<'a>(changes: &'a [Change<'a>]) -> BTreeMap<&'a str, Vec<&'a Change<'a>>> {
-    let mut out: BTreeMap<&str, Vec<&Change>> = BTreeMap::new();
-    for c in changes {
-        out.entry(c.table.as_str()).or_default().push(c);
-    }
-    out
-}
-
-/// `schema_evolution = "add_columns"`: the fields of the flow's events that
-/// name no column, typed by the event's schema (so a column added at the
-/// source arrives with its type, even while its values are null), else by
-/// their JSON values (`infer`'s rules).
-pub fn new_columns(
-    flow: &Flow,
-    format: BodyFormat,
-    body: &[u8],
-    limits: Limits,
-) -> Result<Vec<crate::core::flow::ColumnDef>> {
-    let (changes, _) = read_body(&flow.name, format, body, limits)?;
-    let mut typed: Vec<arrow_schema::Field> = Vec::new();
-    let mut untyped: Vec<Vec<u8>> = Vec::new();
-    for c in changes.iter().filter(|c| takes(flow, &c.table)) {
-        let (which, image) = c.image();
-        let Some(Image::Row(Fields(row))) = image else {
-            continue;
-        };
-        let fields = c.schema.as_ref().map(|s| s.row(which));
-        let mut rest = Map::new();
-        for (name, v) in row {
-            if flow.field_column(name).is_some() || typed.iter().any(|f| f.name() == name) {
-                continue;
-            }
-            let field = fields.and_then(|fs| fs.get(name));
-            match field.and_then(connect_type) {
-                Some(t) => typed.push(arrow_schema::Field::new(name.as_ref(), t, true)),
-                None => {
-                    rest.insert(name.to_string(), serde_json::from_str(v.get())?);
-                }
-            }
-        }
-        if !rest.is_empty() {
-            untyped.push(serde_json::to_vec(&Value::Object(rest))?);
-        }
-    }
-    let mut out = crate::service::infer::arrow_columns(flow, &arrow_schema::Schema::new(typed))?;
-    let refs: Vec<&[u8]> = untyped.iter().map(Vec::as_slice).collect();
-    for c in crate::service::infer::json_columns(flow, &refs)? {
-        if !out.iter().any(|o| o.name == c.name) {
-            out.push(c);
-        }
-    }
-    Ok(out)
-}
-
-/// The Arrow type of a Kafka Connect field schema, by its logical name,
-/// then its type.
-fn connect_type(field: &Value) -> Option<arrow_schema::DataType> {
-    use arrow_schema::{DataType as D, TimeUnit};
-    let name = field.get("name").and_then(Value::as_str);
-    let ty = field.get("type").and_then(Value::as_str)?;
-    Some(match name {
-        Some("org.apache.kafka.connect.data.Decimal") => {
-            let param = |k: &str| {
-                field
-                    .get("parameters")?
-                    .get(k)?
-                    .as_str()?
-                    .parse::<u8>()
-                    .ok()
-            };
-            let scale = param("scale").filter(|&s| s <= 38)?;
-            let precision = param("connect.decimal.precision")
-                .unwrap_or(38)
-                .clamp(scale.max(1), 38);
-            D::Decimal128(precision, scale as i8)
-        }
-        Some("io.debezium.time.Date" | "org.apache.kafka.connect.data.Date") => D::Date32,
-        Some(
-            "io.debezium.time.Time"
-            | "io.debezium.time.MicroTime"
-            | "io.debezium.time.NanoTime"
-            | "org.apache.kafka.connect.data.Time",
-        ) => D::Time64(TimeUnit::Microsecond),
-        Some(
-            "io.debezium.time.Timestamp"
-            | "io.debezium.time.MicroTimestamp"
-            | "io.debezium.time.NanoTimestamp"
-            | "org.apache.kafka.connect.data.Timestamp",
-        ) => D::Timestamp(TimeUnit::Microsecond, None),
-        Some("io.debezium.time.ZonedTimestamp") => {
-            D::Timestamp(TimeUnit::Microsecond, Some("+00:00".into()))
-        }
-        // VariableScaleDecimal has no fixed scale; other logical types keep their base type.
-        Some("io.debezium.data.VariableScaleDecimal") => return None,
-        _ => match ty {
-            "int8" | "int16" | "int32" => D::Int32,
-            "int64" => D::Int64,
-            "float32" => D::Float32,
-            "float64" => D::Float64,
-            "boolean" => D::Boolean,
-            "string" => D::Utf8,
-            "bytes" => D::Binary,
-            _ => return None,
-        },
-    })
 }
