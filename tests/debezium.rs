@@ -377,11 +377,20 @@ proptest! {
 #[test]
 fn flattened_events_need_their_op_and_position() {
     let flow = Flow::new(customers_cfg()).unwrap();
-    let e = flatten(&pg_event("customers", "c", 1, Some(&("Ann".into(), 1)), None, 10), false);
+    let e = flatten(
+        &pg_event("customers", "c", 1, Some(&("Ann".into(), 1)), None, 10),
+        false,
+    );
     let refused = |e: Value| {
-        debezium::decode(&flow, BodyFormat::Ndjson, e.to_string().as_bytes(), Limits::NONE, true)
-            .unwrap_err()
-            .to_string()
+        debezium::decode(
+            &flow,
+            BodyFormat::Ndjson,
+            e.to_string().as_bytes(),
+            Limits::NONE,
+            true,
+        )
+        .unwrap_err()
+        .to_string()
     };
     let mut no_op = e.clone();
     no_op.as_object_mut().unwrap().remove("__op");
@@ -394,11 +403,18 @@ fn flattened_events_need_their_op_and_position() {
     let mut no_table = e.clone();
     no_table.as_object_mut().unwrap().remove("__table");
     let body = no_table.to_string();
-    let rows = debezium::decode(&flow, BodyFormat::Ndjson, body.as_bytes(), Limits::NONE, true)
-        .unwrap()
-        .0;
+    let rows = debezium::decode(
+        &flow,
+        BodyFormat::Ndjson,
+        body.as_bytes(),
+        Limits::NONE,
+        true,
+    )
+    .unwrap()
+    .0;
     assert_eq!(rows.num_rows(), 1);
-    let e = debezium::route(&[flow], BodyFormat::Ndjson, body.as_bytes(), Limits::NONE).unwrap_err();
+    let e =
+        debezium::route(&[flow], BodyFormat::Ndjson, body.as_bytes(), Limits::NONE).unwrap_err();
     assert!(e.to_string().contains("names no table"), "{e}");
 }
 
@@ -684,8 +700,8 @@ struct HeldLogs {
 
 #[async_trait::async_trait]
 impl autocdc::service::wal::LogFactory for HeldLogs {
-    async fn identity(&self, flow: &str) -> autocdc::Result<String> {
-        self.inner.identity(flow).await
+    async fn identity(&self, flow: &str, recorded: &[String]) -> autocdc::Result<String> {
+        self.inner.identity(flow, recorded).await
     }
     async fn open(
         &self,

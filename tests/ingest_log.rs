@@ -145,7 +145,7 @@ impl MemoryLogs {
 
 #[async_trait::async_trait]
 impl LogFactory for MemoryLogs {
-    async fn identity(&self, flow: &str) -> Result<String> {
+    async fn identity(&self, flow: &str, _recorded: &[String]) -> Result<String> {
         Ok(format!("memory-{flow}"))
     }
 

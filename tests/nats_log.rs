@@ -515,6 +515,69 @@ fn an_unreachable_nats_is_a_config_error_at_start() {
     });
 }
 
+/// Regression (CI's cluster run: `AUTOCDC_WAL.CORRUPT ... lacks sequence
+/// 87 (next is 1)`): a cluster re-electing its meta leader can answer "not
+/// found" for a stream that exists, and the stream was then made again,
+/// empty, under the flow's name, losing what it held. A stream is made
+/// only for a flow whose target records no offsets of a NATS log; else the
+/// flow waits for it and, when it never comes, does not start.
+#[test]
+fn a_missing_stream_is_not_made_again_for_a_target_with_nats_offsets() {
+    rt().block_on(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = prefix();
+        let n = nats(&nats_url(), &p);
+        let client = reqwest::Client::new();
+        let r = start(on_nats(
+            tmp.path(),
+            "a",
+            vec![flow_cfg("m", "1h")],
+            n.clone(),
+        ))
+        .await;
+        push(
+            &client,
+            &url(&r, "/v1/flows/m/changes"),
+            &[u(1, "Oslo", 1)],
+            None,
+        )
+        .await;
+        commit(&client, &r, "m").await;
+        r.stop().await.unwrap();
+
+        // The stream goes, as a re-electing cluster would answer.
+        let js = async_nats::jetstream::new(async_nats::connect(nats_url()).await.unwrap());
+        let name = format!("{p}_m");
+        js.delete_stream(&name).await.unwrap();
+        let e = autocdc::service::http::start(
+            on_nats(tmp.path(), "b", vec![flow_cfg("m", "1h")], n.clone()),
+            Default::default(),
+        )
+        .await
+        .err()
+        .expect("started on a stream made again");
+        assert_eq!(e.code(), "AUTOCDC_UNAVAILABLE", "{e}");
+        assert!(e.to_string().contains("is not made again"), "{e}");
+        assert!(
+            js.get_stream(&name).await.is_err(),
+            "the stream was made again"
+        );
+        assert_eq!(table(tmp.path(), "m").await, expected(&[u(1, "Oslo", 1)]));
+
+        // A flow whose target records no NATS offsets gets its stream.
+        let r = start(on_nats(tmp.path(), "c", vec![flow_cfg("fresh", "1h")], n)).await;
+        push(
+            &client,
+            &url(&r, "/v1/flows/fresh/changes"),
+            &[u(2, "Rome", 1)],
+            None,
+        )
+        .await;
+        r.stop().await.unwrap();
+        assert!(js.get_stream(&format!("{p}_fresh")).await.is_ok());
+    });
+}
+
 #[test]
 fn two_instances_on_one_flow_both_take_pushes_one_commits_and_the_table_has_each_once() {
     rt().block_on(async {

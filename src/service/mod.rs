@@ -968,8 +968,9 @@ impl Service {
         defined: FlowConfig,
     ) -> Result<Arc<FlowRuntime>> {
         let flow = self.with_target_columns(flow).await?;
+        let recorded = Engine::recorded_logs(&flow, self.catalog.as_ref()).await?;
         let log_ref = LogRef {
-            id: self.logs.identity(&flow.name).await?,
+            id: self.logs.identity(&flow.name, &recorded).await?,
             retention_ms: self.config.log_offsets_retention()?.as_millis() as i64,
         };
         let engine = Engine::open_for_log(

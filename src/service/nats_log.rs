@@ -147,7 +147,13 @@ impl NatsLogs {
 
     /// The flow's stream, made if missing and brought to the settings of
     /// this process.
-    async fn stream(&self, flow: &str) -> Result<stream::Stream> {
+    /// `flow`'s stream. One that is not found is made only with `recorded`
+    /// (the logs the flow's target records offsets of) naming no NATS log:
+    /// a new flow's. Else, and when opening (`None`), it is
+    /// `AUTOCDC_UNAVAILABLE`: a cluster electing its meta leader answers
+    /// "not found" for a stream that exists, and a new, empty stream would
+    /// lose what the old one held.
+    async fn stream(&self, flow: &str, recorded: Option<&[String]>) -> Result<stream::Stream> {
         let name = self.stream_name(flow);
         match self.js.get_stream(&name).await {
             Ok(mut s) => {
@@ -190,11 +196,30 @@ impl NatsLogs {
                 }
                 Ok(s)
             }
-            Err(e) if not_found(&e) => self
-                .js
-                .create_stream(self.config(flow))
-                .await
-                .map_err(|e| unavailable(&name, e)),
+            Err(e) if not_found(&e) => {
+                let nats: Vec<&String> = recorded
+                    .unwrap_or_default()
+                    .iter()
+                    .filter(|id| id.starts_with("nats:"))
+                    .collect();
+                if recorded.is_none() || !nats.is_empty() {
+                    return Err(Error::Unavailable(format!(
+                        "NATS stream `{name}` of flow `{flow}` is not found, and the flow's target records offsets of {}: it is not made again, empty (what the old stream held and was acknowledged would be lost); waiting for it (a cluster electing its leader answers so for a while). If it was deleted for good, drop the flow's target and state tables to start the flow from nothing",
+                        if nats.is_empty() {
+                            "it (the stream went after the flow opened)".to_string()
+                        } else {
+                            nats.iter()
+                                .map(|s| s.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        }
+                    )));
+                }
+                self.js
+                    .create_stream(self.config(flow))
+                    .await
+                    .map_err(|e| unavailable(&name, e))
+            }
             Err(e) => Err(unavailable(&name, e)),
         }
     }
@@ -217,8 +242,11 @@ fn created_nanos(info: &stream::Info) -> i128 {
 impl LogFactory for NatsLogs {
     /// `nats:<stream>:<created>`: a stream deleted and made again is
     /// another log, whose offsets start again.
-    async fn identity(&self, flow: &str) -> Result<String> {
-        retrying(&format!("flow `{flow}`"), || self.identity_once(flow)).await
+    async fn identity(&self, flow: &str, recorded: &[String]) -> Result<String> {
+        retrying(&format!("flow `{flow}`"), || {
+            self.identity_once(flow, recorded)
+        })
+        .await
     }
 
     async fn open(&self, flow: &str, committed: i64, max_bytes: u64) -> Result<Arc<dyn IngestLog>> {
@@ -266,9 +294,9 @@ where
 }
 
 impl NatsLogs {
-    async fn identity_once(&self, flow: &str) -> Result<String> {
+    async fn identity_once(&self, flow: &str, recorded: &[String]) -> Result<String> {
         let name = self.stream_name(flow);
-        let mut s = self.stream(flow).await?;
+        let mut s = self.stream(flow, Some(recorded)).await?;
         let info = s.info().await.map_err(|e| unavailable(&name, e))?;
         Ok(format!("nats:{name}:{}", created_nanos(info)))
     }
@@ -280,7 +308,8 @@ impl NatsLogs {
         max_bytes: u64,
     ) -> Result<Arc<dyn IngestLog>> {
         let name = self.stream_name(flow);
-        let mut s = self.stream(flow).await?;
+        // Made, if it had to be, when its identity was read.
+        let mut s = self.stream(flow, None).await?;
         let state = s
             .info()
             .await

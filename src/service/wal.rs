@@ -114,7 +114,11 @@ pub trait IngestLog: Send + Sync + std::fmt::Debug {
 pub trait LogFactory: Send + Sync {
     /// The stable identity of `flow`'s log. The target records the log's
     /// committed offset under it, so it must be the same after a restart.
-    async fn identity(&self, flow: &str) -> Result<String>;
+    /// `recorded`: the logs whose offsets the flow's target records. A log
+    /// on a broker that is not found while the target records offsets of
+    /// such a log is not made again, empty: that would lose what the old
+    /// one held (acknowledged, not yet committed).
+    async fn identity(&self, flow: &str, recorded: &[String]) -> Result<String>;
 
     /// Opens `flow`'s log. Records through `committed` are in the target
     /// already; offsets after it must never be reused. `max_bytes` is the
@@ -149,7 +153,9 @@ impl LocalLogs {
 
 #[async_trait::async_trait]
 impl LogFactory for LocalLogs {
-    async fn identity(&self, flow: &str) -> Result<String> {
+    async fn identity(&self, flow: &str, _recorded: &[String]) -> Result<String> {
+        // The local log lives in `data_dir`, which must outlive the process
+        // (the durability contract): a missing one is a new machine's.
         identity(&self.dir(flow))
     }
 

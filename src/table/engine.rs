@@ -1102,6 +1102,17 @@ impl Engine {
         }
     }
 
+    /// The ingest logs whose offsets the flow's target records (none without
+    /// a target).
+    pub async fn recorded_logs(flow: &Flow, catalog: &dyn Catalog) -> Result<Vec<String>> {
+        let Some(t) = catalog.load_table(&flow.target).await? else {
+            return Ok(Vec::new());
+        };
+        let (marker, _) = our_latest(&t.metadata, &flow.name);
+        let offsets = offsets::parse(marker.as_ref().and_then(|m| m.get(PROP_INPUT_OFFSETS)))?;
+        Ok(offsets.into_keys().collect())
+    }
+
     /// Opens the flow for commits from one ingest log: the input offset read
     /// and recorded is that log's entry of `autocdc.input-offsets`.
     /// The offset of `log` the target records, and its current snapshot,
