@@ -196,87 +196,7 @@ pub async fn run(a: LoadArgs) -> Result<()> {
     );
     let server_pid = server.0.id().to_string();
     for f in &formats {
-        let name = format!("load_{f}");
-        // Every format pushes the same changes (the rows flow's batches).
-        let rows_flow = Flow::new(generate::changes_flow(&name, &format!("bench.{name}"))?)?;
-        // Sent from shared buffers, not copied per request (as a sink sends
-        // from its own buffer).
-        let bodies: Vec<bytes::Bytes> = batches(&rows_flow, &a)?
-            .iter()
-            .map(|b| {
-                match *f {
-                    "ndjson" => generate::to_ndjson(b),
-                    "debezium" => generate::to_debezium(b),
-                    _ => input::encode_arrow_ipc(b),
-                }
-                .map(bytes::Bytes::from)
-            })
-            .collect::<Result<_>>()?;
-        let bodies = Arc::new(bodies);
-        let (ctype, url) = match *f {
-            "ndjson" => (
-                crate::service::http::NDJSON,
-                format!("{base}/v1/flows/{name}/changes"),
-            ),
-            "debezium" => ("application/json", format!("{base}/v1/debezium")),
-            _ => (
-                crate::service::http::ARROW_STREAM,
-                format!("{base}/v1/flows/{name}/changes"),
-            ),
-        };
-        let next = Arc::new(AtomicUsize::new(0));
-        let throttled = Arc::new(AtomicUsize::new(0));
-        let cpu_before = cpu_seconds_of(&server_pid);
-        let start = Instant::now();
-        let mut tasks = Vec::new();
-        for _ in 0..a.connections.max(1) {
-            let (client, url, bodies, next, throttled) = (
-                client.clone(),
-                url.clone(),
-                bodies.clone(),
-                next.clone(),
-                throttled.clone(),
-            );
-            tasks.push(tokio::spawn(push_bodies(
-                client, url, ctype, bodies, next, throttled,
-            )));
-        }
-        let mut lat = Vec::new();
-        for t in tasks {
-            lat.extend(t.await.map_err(|e| Error::Unavailable(e.to_string()))??);
-        }
-        let acked = start.elapsed();
-        // Commits now and answers once every acknowledged batch is committed.
-        let r = client
-            .post(format!("{base}/v1/flows/{name}/commit"))
-            .send()
-            .await
-            .map_err(|e| Error::Unavailable(e.to_string()))?;
-        if !r.status().is_success() {
-            let s = r.status();
-            let text = r.text().await.unwrap_or_default();
-            return Err(Error::Unavailable(format!("commit: {s}: {text}")));
-        }
-        let committed = start.elapsed();
-        lat.sort_by(|x, y| x.total_cmp(y));
-        let ev = a.events as f64;
-        // The server's CPU time per event, from receiving to committing:
-        // what the format costs whatever else runs on the machine.
-        let cpu = match (cpu_before, cpu_seconds_of(&server_pid)) {
-            (Some(b), Some(e)) => format!("{:.2}", (e - b) / ev * 1e6),
-            _ => "-".into(),
-        };
-        println!(
-            "{:<8} {:>14.0} {:>14.0} {:>10.1} {:>10.1} {:>10.0}ms {:>9} {:>13}",
-            f,
-            ev / acked.as_secs_f64(),
-            ev / committed.as_secs_f64(),
-            pct(&lat, 0.5),
-            pct(&lat, 0.99),
-            (committed - acked).as_secs_f64() * 1e3,
-            throttled.load(Ordering::Relaxed),
-            cpu
-        );
+        run_format(&a, &client, &base, &server_pid, f).await?;
     }
     let server_rss = crate::tools::bench::peak_rss_of(&server.0.id().to_string());
     let client_rss = crate::tools::bench::peak_rss_bytes();
@@ -285,6 +205,99 @@ pub async fn run(a: LoadArgs) -> Result<()> {
     }
     drop(server);
     let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}
+
+/// Pushes `a.events` changes as format `f` to the server at `base`, has
+/// them committed, and prints the format's line of figures.
+async fn run_format(
+    a: &LoadArgs,
+    client: &reqwest::Client,
+    base: &str,
+    server_pid: &str,
+    f: &str,
+) -> Result<()> {
+    let name = format!("load_{f}");
+    // Every format pushes the same changes (the rows flow's batches).
+    let rows_flow = Flow::new(generate::changes_flow(&name, &format!("bench.{name}"))?)?;
+    // Sent from shared buffers, not copied per request (as a sink sends
+    // from its own buffer).
+    let bodies: Vec<bytes::Bytes> = batches(&rows_flow, a)?
+        .iter()
+        .map(|b| {
+            match f {
+                "ndjson" => generate::to_ndjson(b),
+                "debezium" => generate::to_debezium(b),
+                _ => input::encode_arrow_ipc(b),
+            }
+            .map(bytes::Bytes::from)
+        })
+        .collect::<Result<_>>()?;
+    let bodies = Arc::new(bodies);
+    let (ctype, url) = match f {
+        "ndjson" => (
+            crate::service::http::NDJSON,
+            format!("{base}/v1/flows/{name}/changes"),
+        ),
+        "debezium" => ("application/json", format!("{base}/v1/debezium")),
+        _ => (
+            crate::service::http::ARROW_STREAM,
+            format!("{base}/v1/flows/{name}/changes"),
+        ),
+    };
+    let next = Arc::new(AtomicUsize::new(0));
+    let throttled = Arc::new(AtomicUsize::new(0));
+    let cpu_before = cpu_seconds_of(server_pid);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..a.connections.max(1) {
+        let (client, url, bodies, next, throttled) = (
+            client.clone(),
+            url.clone(),
+            bodies.clone(),
+            next.clone(),
+            throttled.clone(),
+        );
+        tasks.push(tokio::spawn(push_bodies(
+            client, url, ctype, bodies, next, throttled,
+        )));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.map_err(|e| Error::Unavailable(e.to_string()))??);
+    }
+    let acked = start.elapsed();
+    // Commits now and answers once every acknowledged batch is committed.
+    let r = client
+        .post(format!("{base}/v1/flows/{name}/commit"))
+        .send()
+        .await
+        .map_err(|e| Error::Unavailable(e.to_string()))?;
+    if !r.status().is_success() {
+        let s = r.status();
+        let text = r.text().await.unwrap_or_default();
+        return Err(Error::Unavailable(format!("commit: {s}: {text}")));
+    }
+    let committed = start.elapsed();
+    lat.sort_by(|x, y| x.total_cmp(y));
+    let ev = a.events as f64;
+    // The server's CPU time per event, from receiving to committing:
+    // what the format costs whatever else runs on the machine.
+    let cpu = match (cpu_before, cpu_seconds_of(server_pid)) {
+        (Some(b), Some(e)) => format!("{:.2}", (e - b) / ev * 1e6),
+        _ => "-".into(),
+    };
+    println!(
+        "{:<8} {:>14.0} {:>14.0} {:>10.1} {:>10.1} {:>10.0}ms {:>9} {:>13}",
+        f,
+        ev / acked.as_secs_f64(),
+        ev / committed.as_secs_f64(),
+        pct(&lat, 0.5),
+        pct(&lat, 0.99),
+        (committed - acked).as_secs_f64() * 1e3,
+        throttled.load(Ordering::Relaxed),
+        cpu
+    );
     Ok(())
 }
 

@@ -77,39 +77,120 @@ pub fn takes(flow: &Flow, table: &str) -> bool {
             .is_none_or(|t| t.eq_ignore_ascii_case(table))
 }
 
+/// What writing a flow's rows needs of its declared columns, worked out
+/// once per body.
+struct Columns<'f> {
+    flow: &'f Flow,
+    types: Vec<Type>,
+    /// Each column's name as a JSON string.
+    names: Vec<Vec<u8>>,
+    /// The binary columns: their bytes are set after the row decoder.
+    binary: Vec<usize>,
+}
+
+impl<'f> Columns<'f> {
+    fn new(flow: &'f Flow) -> Result<Columns<'f>> {
+        let declared = flow.config.columns.len();
+        let types: Vec<Type> = (0..declared)
+            .map(|i| {
+                flow.column_type(i)
+                    .unwrap_or(Type::Primitive(PrimitiveType::String))
+            })
+            .collect();
+        let names = (0..declared)
+            .map(|i| serde_json::to_vec(flow.column_name(i)))
+            .collect::<std::result::Result<_, _>>()?;
+        let binary = (0..declared)
+            .filter(|&i| types[i] == Type::Primitive(PrimitiveType::Binary))
+            .collect();
+        Ok(Columns {
+            flow,
+            types,
+            names,
+            binary,
+        })
+    }
+
+    /// Writes the fields of event `c`'s row image as the members of one
+    /// flat JSON object onto `line` (its braces are the caller's): a value
+    /// that needs no decoding (`core::debezium::passes_through`) as its
+    /// text, the others decoded by their schema; a binary column's bytes
+    /// into `bytes` (by place in `binary`); a field that names no column
+    /// under its own name, for the row decoder to refuse or add.
+    fn write(
+        &self,
+        c: &Change,
+        which: &str,
+        fields: &[(std::borrow::Cow<str>, &serde_json::value::RawValue)],
+        line: &mut Vec<u8>,
+        bytes: &mut [Option<Vec<u8>>],
+    ) -> Result<()> {
+        let schema = c.row_schema(which);
+        let mut first = true;
+        let mut member = |line: &mut Vec<u8>, name: &[u8]| {
+            if !std::mem::take(&mut first) {
+                line.push(b',');
+            }
+            line.extend_from_slice(name);
+            line.push(b':');
+        };
+        for (name, v) in fields {
+            let Some(col) = self.flow.field_column(name) else {
+                member(line, &serde_json::to_vec(name.as_ref())?);
+                line.extend_from_slice(v.get().as_bytes());
+                continue;
+            };
+            let field = schema.and_then(|s| s.get(name));
+            let ty = &self.types[col];
+            let b = self.binary.iter().position(|&b| b == col);
+            if b.is_none() && debezium::passes_through(field, ty) {
+                member(line, &self.names[col]);
+                line.extend_from_slice(v.get().as_bytes());
+                continue;
+            }
+            let bad = |why: String| Error::Batch {
+                code: codes::BAD_COLUMN,
+                flow: self.flow.name.clone(),
+                row: c.index,
+                column: name.to_string(),
+                message: format!("event {}, field `{name}`: {why}", c.index),
+            };
+            let value: Value = serde_json::from_str(v.get()).map_err(|e| bad(e.to_string()))?;
+            match (b, debezium::decode_value(field, &value, ty).map_err(bad)?) {
+                (Some(b), Cell::Bytes(v)) => bytes[b] = Some(v),
+                (Some(b), Cell::Json(Value::String(s))) => bytes[b] = Some(s.into_bytes()),
+                (Some(_), Cell::Json(Value::Null)) => {}
+                (Some(_), Cell::Json(other)) => {
+                    return Err(bad(format!(
+                        "a binary column takes base64 text, not {}",
+                        debezium::kind(&other)
+                    )));
+                }
+                (None, Cell::Json(v)) => {
+                    member(line, &self.names[col]);
+                    serde_json::to_writer(&mut *line, &v)?;
+                }
+                (None, Cell::Bytes(_)) => unreachable!("bytes only for binary columns"),
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The rows of `changes` in `flow`'s source schema, hidden columns filled.
-/// Each event's row becomes one flat JSON line for the row decoder: a field
-/// whose value needs no decoding (`core::debezium::passes_through`) is
-/// copied as its text, the others decoded by their schema. Unknown fields
-/// stay in the line, so the row decoder refuses them (or an `add_columns`
-/// flow adds them), as for any push.
+/// Each event's row becomes one flat JSON line for the row decoder
+/// (`Columns::write`). A table's completed snapshot adds a truncate just
+/// below its reads.
 pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBatch, Skipped)> {
     let mut skipped = Skipped::default();
-    let declared = flow.config.columns.len();
-    let types: Vec<Type> = (0..declared)
-        .map(|i| {
-            flow.column_type(i)
-                .unwrap_or(Type::Primitive(PrimitiveType::String))
-        })
-        .collect();
-    let names: Vec<Vec<u8>> = (0..declared)
-        .map(|i| serde_json::to_vec(flow.column_name(i)))
-        .collect::<std::result::Result<_, _>>()?;
-    let binary: Vec<usize> = (0..declared)
-        .filter(|&i| types[i] == Type::Primitive(PrimitiveType::Binary))
-        .collect();
-    // Per row: its event's index in the body, its op, its position, and
-    // the end of its line in `lines`.
+    let columns = Columns::new(flow)?;
+    // Per row: its event's index in the body, its op, its position, the
+    // end of its line in `lines`, and its binary columns' bytes.
     let mut kept: Vec<(usize, Op)> = Vec::with_capacity(changes.len());
     let mut positions: Vec<Position> = Vec::with_capacity(changes.len());
     let mut lines: Vec<u8> = Vec::with_capacity(changes.len() * 64);
     let mut ends: Vec<usize> = Vec::with_capacity(changes.len());
-    let mut bytes: Vec<Vec<Option<Vec<u8>>>> =
-        vec![Vec::with_capacity(changes.len()); binary.len()];
-    // Whether a field's value is copied as its text into column `c`.
-    let passes = |c: usize, field: Option<&Value>| {
-        !binary.contains(&c) && debezium::passes_through(field, &types[c])
-    };
+    let mut bytes: Vec<Vec<Option<Vec<u8>>>> = Vec::with_capacity(changes.len());
     for c in changes {
         let err = |m: String| event_err(&flow.name, c.index, m);
         if c.op == Op::Truncate && flow.truncates.is_none() {
@@ -126,74 +207,15 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
             ends.push(lines.len());
             positions.push(position.snapshot_end());
             kept.push((c.index, Op::Truncate));
-            for b in &mut bytes {
-                b.push(None);
-            }
+            bytes.push(vec![None; columns.binary.len()]);
         }
         let (which, image) = c.image();
-        let mut row_bytes: Vec<Option<Vec<u8>>> = vec![None; binary.len()];
+        let mut row_bytes: Vec<Option<Vec<u8>>> = vec![None; columns.binary.len()];
         lines.push(b'{');
         match (c.op, image) {
             (Op::Truncate, _) => {}
             (_, Some(Image::Row(Fields(fields)))) => {
-                let schema = c.row_schema(which);
-                let mut first = true;
-                for (name, v) in fields {
-                    let comma = |lines: &mut Vec<u8>, first: &mut bool| {
-                        if !std::mem::take(first) {
-                            lines.push(b',');
-                        }
-                    };
-                    let col = flow.field_column(name);
-                    let field = schema.and_then(|s| s.get(name));
-                    let pass = col.is_some_and(|c| passes(c, field));
-                    let Some(col) = col else {
-                        comma(&mut lines, &mut first);
-                        serde_json::to_writer(&mut lines, name.as_ref())?;
-                        lines.push(b':');
-                        lines.extend_from_slice(v.get().as_bytes());
-                        continue;
-                    };
-                    let ty = &types[col];
-                    let b = binary.iter().position(|&b| b == col);
-                    if pass {
-                        comma(&mut lines, &mut first);
-                        lines.extend_from_slice(&names[col]);
-                        lines.push(b':');
-                        lines.extend_from_slice(v.get().as_bytes());
-                        continue;
-                    }
-                    let bad = |why: String| Error::Batch {
-                        code: codes::BAD_COLUMN,
-                        flow: flow.name.clone(),
-                        row: c.index,
-                        column: name.to_string(),
-                        message: format!("event {}, field `{name}`: {why}", c.index),
-                    };
-                    let value: Value =
-                        serde_json::from_str(v.get()).map_err(|e| bad(e.to_string()))?;
-                    let cell = debezium::decode_value(field, &value, ty).map_err(bad)?;
-                    match (b, cell) {
-                        (Some(b), Cell::Bytes(v)) => row_bytes[b] = Some(v),
-                        (Some(b), Cell::Json(Value::String(s))) => {
-                            row_bytes[b] = Some(s.into_bytes())
-                        }
-                        (Some(_), Cell::Json(Value::Null)) => {}
-                        (Some(_), Cell::Json(other)) => {
-                            return Err(bad(format!(
-                                "a binary column takes base64 text, not {}",
-                                debezium::kind(&other)
-                            )));
-                        }
-                        (None, Cell::Json(v)) => {
-                            comma(&mut lines, &mut first);
-                            lines.extend_from_slice(&names[col]);
-                            lines.push(b':');
-                            serde_json::to_writer(&mut lines, &v)?;
-                        }
-                        (None, Cell::Bytes(_)) => unreachable!("bytes only for binary columns"),
-                    }
-                }
+                columns.write(c, which, fields, &mut lines, &mut row_bytes)?;
             }
             (Op::Delete, _) => {
                 return Err(Error::Batch {
@@ -221,9 +243,7 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
         }
         lines.push(b'}');
         ends.push(lines.len());
-        for (b, v) in row_bytes.into_iter().enumerate() {
-            bytes[b].push(v);
-        }
+        bytes.push(row_bytes);
         positions.push(position);
         kept.push((c.index, c.op));
     }
@@ -250,13 +270,26 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
         },
         e => e,
     })?;
+    let batch = with_hidden(&columns, &batch, &bytes, &kept, &positions)?;
+    Ok((batch, skipped))
+}
+
+/// `batch` (the row decoder's) with its binary columns' bytes and the
+/// hidden op and position columns set.
+fn with_hidden(
+    columns: &Columns,
+    batch: &RecordBatch,
+    bytes: &[Vec<Option<Vec<u8>>>],
+    kept: &[(usize, Op)],
+    positions: &[Position],
+) -> Result<RecordBatch> {
     let mut cols: Vec<ArrayRef> = batch.columns().to_vec();
-    for (b, &col) in binary.iter().enumerate() {
+    for (b, &col) in columns.binary.iter().enumerate() {
         cols[col] = Arc::new(BinaryArray::from_iter(
-            bytes[b].iter().map(|v| v.as_deref()),
+            bytes.iter().map(|row| row[b].as_deref()),
         ));
     }
-    let hidden = declared;
+    let hidden = columns.types.len();
     cols[hidden] = Arc::new(StringArray::from_iter_values(
         kept.iter().map(|k| k.1.code()),
     ));
@@ -271,10 +304,10 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
     cols[hidden + 6] = Arc::new(Int32Array::from_iter_values(
         positions.iter().map(|p| p.rank),
     ));
-    Ok((
-        RecordBatch::try_new(flow.source_arrow.clone(), cols)?,
-        skipped,
-    ))
+    Ok(RecordBatch::try_new(
+        columns.flow.source_arrow.clone(),
+        cols,
+    )?)
 }
 
 /// A body pushed to one Debezium flow (`POST /v1/flows/{flow}/changes`,
