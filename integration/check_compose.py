@@ -1,5 +1,5 @@
 """Checks docker-compose.yml's structure without a Docker engine: the
-services the README names, a healthcheck on each, the Dockerfile it builds,
+services docs/docker.md names, a healthcheck on each, the Dockerfile it builds,
 that every host file it mounts exists in the repository, and that the
 scale-out replicas share what they must (the NATS log and a catalog both
 reach, not a local warehouse) and keep their own data volume.

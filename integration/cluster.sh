@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Scale-out chaos (README "Scaling out"): a 3-node NATS JetStream cluster on
+# Scale-out chaos (docs/scale-out.md): a 3-node NATS JetStream cluster on
 # localhost, 3 `autocdc serve` instances, 3 flows; pushes to random
 # instances while instances are SIGKILLed (and restarted with an empty
 # data_dir) and one NATS node is SIGKILLed and restarted. Every table must

@@ -4,7 +4,7 @@
 # end-to-end tests, the tables of 16 fixed cases of the random schema and
 # partition evolution property test after each of their steps, two tables of nested
 # (struct, list, map) columns, and a ~100k-event ghost-kitchen feed (through `autocdc
-# apply`), and the README's schema-change example (a table evolved by its
+# apply`), and the schema-change example of docs/schema-changes.md (a table evolved by its
 # definition), into Hadoop-catalog warehouses, then reads every table with
 # DuckDB's iceberg extension and with PyIceberg and compares with the
 # expected rows / an SQL oracle.
@@ -53,7 +53,7 @@ for by in '["status"]' '["bucket[4](order_id)"]'; do
 done
 "$bin" maintain --config "$out/autocdc.toml" --orphans-older-than off
 "$bin" state --config "$out/autocdc.toml" kitchen.orders
-# README "Schema changes": a table whose definition evolved (widened,
+# docs/schema-changes.md: a table whose definition evolved (widened,
 # renamed and added columns), read through its older files.
 mkdir -p "$out/expected"
 for v in 1 2; do

@@ -1,4 +1,4 @@
-"""Figures for `autocdc serve` scaled out on NATS JetStream (README, "Scaling
+"""Figures for `autocdc serve` scaled out on NATS JetStream (docs/scale-out.md, "Scaling
 out"): N instances sharing one NATS and one Hadoop warehouse, F flows, C
 client threads pushing NDJSON requests of B events to random instances.
 

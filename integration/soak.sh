@@ -4,7 +4,7 @@
 # every 20 s, a verdict per figure printed, and the table checked against
 # the client's oracle. It fails only if the server dies, answers an error
 # other than 429, or the table differs; the figures are for reading.
-# Longer runs: `autocdc soak --duration 60m` (see README, "Soak").
+# Longer runs: `autocdc soak --duration 60m` (see docs/dev/benchmarks.md, "Soak").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # cargo's own default (./target, shared with `cargo run -- demo`) unless the caller sets one.

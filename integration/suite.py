@@ -517,7 +517,7 @@ def run_combination(combo, binary, root, gk, gk_lines, oracle, report):
                 restarts += 1
             if session >= EVOLVE_AT:
                 # Mid-feed, the definition changes: a widened type, an added
-                # column and a partition field (README "Schema changes").
+                # column and a partition field (docs/schema-changes.md).
                 write_config(evolve_gk(gk_flow), session)
             else:
                 write_config(gk_flow, session)

@@ -29,7 +29,7 @@ pub struct Config {
 }
 
 /// `[ingest]`: where `autocdc serve` logs each accepted batch before it is
-/// acknowledged (see README, "Scaling out").
+/// acknowledged (see docs/scale-out.md).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 pub enum IngestConfig {
@@ -185,7 +185,7 @@ impl NatsConfig {
 }
 
 /// `[maintenance]`: when `autocdc serve` maintains each flow's tables
-/// (snapshot expiry, file cleanup, orphan cleanup; see README, "Maintenance").
+/// (snapshot expiry, file cleanup, orphan cleanup; see docs/maintenance.md).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct MaintenanceConfig {

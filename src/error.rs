@@ -140,7 +140,7 @@ impl Error {
 }
 
 /// Stable codes, each once. `REGISTRY` gives each its HTTP status and
-/// meaning; the README's error table is checked against it.
+/// meaning; the error table of docs/errors.md is checked against it.
 pub mod codes {
     use crate::core::predicate::codes as expression;
 
@@ -246,7 +246,7 @@ const fn info(code: &'static str, status: u16, meaning: &'static str) -> CodeInf
 
 /// Every code autocdc emits, once, with its HTTP status and a one-line
 /// meaning. The HTTP layer takes the status from here; `tests/errors.rs`
-/// checks that every code in `src/` is here and that the README's table
+/// checks that every code in `src/` is here and that the table of docs/errors.md
 /// says the same.
 #[rustfmt::skip]
 pub const REGISTRY: &[CodeInfo] = {

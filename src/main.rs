@@ -3,7 +3,7 @@ use clap::Parser;
 /// jemalloc instead of glibc malloc: a history flow's state holds millions
 /// of small allocations, and glibc spent ~40% of its apply in malloc, free
 /// and chunk consolidation; jemalloc applies it 1.6x faster at the same
-/// peak RSS (README, "Benchmark").
+/// peak RSS (docs/dev/benchmarks.md).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

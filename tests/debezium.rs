@@ -972,8 +972,9 @@ async fn hostile_events_are_refused_with_their_index_and_nothing_applies() {
 }
 
 /// `schema_evolution = "add_columns"` (plain rows): a new field that is
-/// null in every row of a push is accepted (not added yet), as the README
-/// says; after `ALTER TABLE ... ADD COLUMN` every event carries it so.
+/// null in every row of a push is accepted (not added yet), as
+/// docs/schema-changes.md says; after `ALTER TABLE ... ADD COLUMN` every
+/// event carries it so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_field_null_in_every_row_is_accepted_by_add_columns() {
     let tmp = tempfile::tempdir().unwrap();

@@ -1,7 +1,7 @@
 //! The error registry: every code autocdc emits is defined once in
-//! `error::REGISTRY` with its HTTP status, and the README's table says the
-//! same. The statuses themselves are asserted over HTTP in `tests/serve.rs`
-//! and `tests/hostile.rs`.
+//! `error::REGISTRY` with its HTTP status, and the table of docs/errors.md
+//! says the same. The statuses themselves are asserted over HTTP in
+//! `tests/serve.rs` and `tests/hostile.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -40,15 +40,15 @@ fn codes_in_src() -> BTreeSet<String> {
     found
 }
 
-/// The README's error table: code → the HTTP cell.
+/// The error table of docs/errors.md: code → the HTTP cell.
 fn readme_table() -> BTreeMap<String, String> {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/errors.md");
+    let readme = std::fs::read_to_string(path).unwrap();
     let section = readme
-        .split("#### Error codes")
+        .split("## Error codes")
         .nth(1)
         .and_then(|s| s.split("\n#").next())
-        .expect("README has an Error codes section");
+        .expect("docs/errors.md has an Error codes section");
     let mut table = BTreeMap::new();
     for line in section.lines().filter(|l| l.starts_with("| `")) {
         let cells: Vec<_> = line.split('|').map(str::trim).collect();
@@ -57,7 +57,7 @@ fn readme_table() -> BTreeMap<String, String> {
         let name = names.into_iter().next().unwrap();
         assert!(
             table.insert(name.clone(), cells[2].to_string()).is_none(),
-            "{name} is in the README twice"
+            "{name} is in docs/errors.md twice"
         );
     }
     table
@@ -95,7 +95,7 @@ fn the_readme_error_table_is_the_registry() {
         .collect();
     assert_eq!(
         table, registry,
-        "README's error table (left) vs error::REGISTRY (right)"
+        "docs/errors.md's error table (left) vs error::REGISTRY (right)"
     );
 }
 

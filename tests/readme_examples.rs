@@ -1,7 +1,7 @@
-//! The worked examples of README "History, partial updates and truncates":
-//! each flow of `examples/flows.toml` applied to its files (one batch each,
-//! a restart between them, as `autocdc apply` does) gives the rows the README
-//! shows.
+//! The worked examples of docs/history.md ("History, partial updates and
+//! truncates"): each flow of `examples/flows.toml` applied to its files (one
+//! batch each, a restart between them, as `autocdc apply` does) gives the
+//! rows docs/history.md shows; and the example of docs/schema-changes.md.
 
 mod common;
 
@@ -78,8 +78,8 @@ fn apply_as_truncates_example() {
     );
 }
 
-/// README "AUTO CDC FROM SNAPSHOT": two versioned snapshots, a repeat of the
-/// second (skipped) and an unchanged third (no files).
+/// docs/history.md "AUTO CDC FROM SNAPSHOT": two versioned snapshots, a
+/// repeat of the second (skipped) and an unchanged third (no files).
 #[test]
 fn from_snapshot_example() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -120,7 +120,7 @@ fn from_snapshot_example() {
     );
 }
 
-/// README "Schema changes": the orders flow applied under
+/// docs/schema-changes.md: the orders flow applied under
 /// `examples/orders-v1.toml`, then under `examples/orders-v2.toml` (widened,
 /// renamed, added columns).
 #[test]

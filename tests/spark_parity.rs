@@ -1094,9 +1094,9 @@ fn scd2_repeated_values_inside_a_run_extend_it() {
 /// still collapse to one record" and "a later microbatch event sharing key and sequence but
 /// differing in value is absorbed" (Spark: one open record holding either value), and "an upsert
 /// and a delete at the same sequence resolve in favor of the delete". The last differs: autocdc's
-/// documented tie rule (README, Semantics) lets the change with the larger fingerprint win,
-/// whatever its kind, the same one in every order; so either outcome is accepted, provided every
-/// order and batching agrees.
+/// documented tie rule (docs/flows.md, Semantics) lets the change with the larger fingerprint
+/// win, whatever its kind, the same one in every order; so either outcome is accepted, provided
+/// every order and batching agrees.
 #[test]
 fn scd2_changes_tied_on_the_sequence_resolve_the_same_way_in_every_order() {
     one_of(
@@ -1831,8 +1831,8 @@ fn checking_a_flow_creates_no_table() {
 /// Spark: AutoCdcScd1AuxiliaryTableDurabilitySuite and AutoCdcScd2AuxiliaryTableDurabilitySuite,
 /// "if the (SCD2) AutoCDC auxiliary table is dropped between runs, it is transparently recreated".
 /// autocdc differs on purpose: the target names the state snapshot it was committed with, and a
-/// missing one is refused (AUTOCDC_INVALID_STATE.STATE_SNAPSHOT_MISSING, README's error table)
-/// rather than silently rebuilt; `refresh --full` (dropping both tables) then starts over.
+/// missing one is refused (AUTOCDC_INVALID_STATE.STATE_SNAPSHOT_MISSING, docs/errors.md's error
+/// table) rather than silently rebuilt; `refresh --full` (dropping both tables) then starts over.
 #[test]
 fn a_dropped_state_table_is_refused_until_a_full_refresh() {
     for (body, after) in [
@@ -2417,7 +2417,8 @@ columns = [
 
 /// Spark: Scd1RowLevelReconciliationSuite, "deduplicateMicrobatch handles equal sequencing values
 /// for the same key": Spark guarantees only that one of the tied rows survives; autocdc's
-/// documented rule (README, Semantics) adds that it is the same one in every order and batching.
+/// documented rule (docs/flows.md, Semantics) adds that it is the same one in every order and
+/// batching.
 #[test]
 fn scd1_tied_changes_resolve_the_same_way_in_every_order() {
     one_of(

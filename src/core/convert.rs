@@ -2,7 +2,7 @@
 //! that does not fit exactly is refused with its row, never rounded: a CDC
 //! sink that rounds a key merges two different rows into one.
 //!
-//! The rules (README, "Value conversion"):
+//! The rules (docs/values.md):
 //! - `int`, `long`: an integer in range. `1.0` and `1e3` are integers;
 //!   `1.9`, `1e400` and `-9223372036854775809` are refused.
 //! - `decimal(p, s)`: at most `s` fractional digits (beyond them only zeros)

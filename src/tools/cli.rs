@@ -106,7 +106,7 @@ pub enum Command {
     },
     /// Maintain flows' tables now: compact small files and their deletes,
     /// expire snapshots, delete the files only expired snapshots referenced,
-    /// delete orphan files (see README, "Maintenance" and "Compaction").
+    /// delete orphan files (see docs/maintenance.md).
     Maintain {
         #[arg(long, default_value = "autocdc.toml")]
         config: PathBuf,
@@ -128,17 +128,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Measure end-to-end apply throughput (see README, "Benchmark").
+    /// Measure end-to-end apply throughput (see docs/dev/benchmarks.md).
     Bench(crate::tools::bench::BenchArgs),
     /// Thousands of small commits with maintenance on, then off: metadata,
     /// snapshots, manifests, files, disk and scan time every 1,000 commits
-    /// (see README, "Maintenance").
+    /// (see docs/maintenance.md).
     BenchLong(crate::tools::bench_long::BenchLongArgs),
     /// Load-test `autocdc serve` (started in its own process) over HTTP with NDJSON and Arrow IPC.
     BenchServe(crate::tools::loadgen::LoadArgs),
     /// Run `autocdc serve` in a child process under a steady load for a while;
     /// sample commit rate, latency, memory, fds, log, metadata, files and scan
-    /// time, and judge each figure flat or growing (see README, "Soak").
+    /// time, and judge each figure flat or growing (see docs/dev/benchmarks.md, "Soak").
     Soak(crate::tools::soak::SoakArgs),
     /// Run the HTTP service: producers push change batches, autocdc commits them on a schedule.
     Serve {
