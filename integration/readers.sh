@@ -17,7 +17,7 @@ py=${AUTOCDC_PY:-$HOME/.cache/autocdc-venv/bin/python}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-AUTOCDC_E2E_OUT="$out" cargo nextest run --no-fail-fast --test e2e --test evolution \
+AUTOCDC_E2E_OUT="$out" cargo nextest run --no-fail-fast --test it \
   -E 'test(battery_through_the_hadoop_catalog) | test(people_through_the_hadoop_catalog) | test(nested_columns_through_the_hadoop_catalog) | test(fixed_cases_for_the_readers)'
 
 cargo build --quiet --bin autocdc

@@ -245,7 +245,7 @@ const fn info(code: &'static str, status: u16, meaning: &'static str) -> CodeInf
 }
 
 /// Every code autocdc emits, once, with its HTTP status and a one-line
-/// meaning. The HTTP layer takes the status from here; `tests/errors.rs`
+/// meaning. The HTTP layer takes the status from here; `tests/it/errors.rs`
 /// checks that every code in `src/` is here and that the table of docs/errors.md
 /// says the same.
 #[rustfmt::skip]

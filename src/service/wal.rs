@@ -108,7 +108,7 @@ pub trait IngestLog: Send + Sync + std::fmt::Debug {
 
 /// Opens the ingest log of each flow the service runs: the seam where a log
 /// on a shared broker plugs in. `LocalLogs` is the default, `NatsLogs`
-/// (`service::nats_log`) the log on NATS JetStream; `tests/ingest_log.rs`
+/// (`service::nats_log`) the log on NATS JetStream; `tests/it/ingest_log.rs`
 /// runs the service on a log in memory.
 #[async_trait::async_trait]
 pub trait LogFactory: Send + Sync {

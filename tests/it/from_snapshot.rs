@@ -1,7 +1,7 @@
 //! AUTO CDC FROM SNAPSHOT through the real write path on the Hadoop catalog:
 //! each snapshot's difference to the target is applied at its version.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! model table). Events are in arrival order; each inner vec is a micro-batch.
 //! Every case also runs with a state restart between micro-batches.
 
-mod common;
+use crate::common;
 
 use autocdc::core::flow::{Flow, TiePolicy};
 use autocdc::error::codes;

@@ -3,7 +3,7 @@
 //! the oracle, the row in `iceberg_tables` follows each commit, and a commit
 //! from a stale base loses the compare-and-swap.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! every error path, idempotent retries, concurrent clients, backpressure,
 //! and recovery from the write-ahead log after a crash.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -10,7 +10,7 @@
 //! nothing; a NATS outage makes pushes 503 and `/readyz` unready, and the
 //! flow goes on when the server is back.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! before read correctly, and every illegal change is refused before
 //! anything changes.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

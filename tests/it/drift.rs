@@ -4,7 +4,7 @@
 //! (the target rebuilt from the state), and the changes that are refused
 //! with the code Spark gives them (keys, the sequence's type).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
@@ -335,7 +335,7 @@ fn changed_keys_and_sequence_types_are_refused_with_sparks_codes() {
 }
 
 /// The columns of a definition may be listed in another order between runs
-/// (so may a composite key's columns, see tests/spark_parity.rs): the state
+/// (so may a composite key's columns, see tests/it/spark_parity.rs): the state
 /// table is read and written by column name, so a history flow's stored
 /// values stay with their columns.
 #[test]

@@ -69,7 +69,7 @@ columns = [
         t.push_str("on_sequence_tie = \"error\"\n");
     }
     // The sequence is left untracked (Spark's default tracks it; see
-    // tests/drift.rs): an upsert that changes nothing else updates in place.
+    // tests/it/drift.rs): an upsert that changes nothing else updates in place.
     if shape.scd2 && shape.untracked_note {
         t.push_str("track_history_except_column_list = [\"note\", \"seq\"]\n");
     } else if shape.scd2 {

@@ -2,7 +2,7 @@
 //! data and position-delete files, our snapshot producer, the Hadoop catalog
 //! on local disk, the state table), read back with iceberg-rust's scan.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

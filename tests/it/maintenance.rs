@@ -2,7 +2,7 @@
 //! metadata.json hygiene and orphan cleanup keep the table equal to the
 //! oracle, every referenced file present, and recovery possible.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! with restarts give the oracle, a commit from a stale base gets the
 //! server's 409, and misconfigurations name the setting and the answer.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -10,7 +10,7 @@
 //! Reproducible: `AUTOCDC_FUZZ_SEED=<u64>` sets the seed (printed at the
 //! start), `AUTOCDC_FUZZ_CASES=<n>` the cases per format (default 700).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! few keys (to force collisions, duplicates and ties), in a random order, cut
 //! into random micro-batches, with state restarts between some of them.
 
-mod common;
+use crate::common;
 
 use common::*;
 use proptest::prelude::*;

@@ -4,7 +4,7 @@
 //! cut into random micro-batches, committed one or several at a time, with
 //! state restarts between some of them.
 
-mod common;
+use crate::common;
 
 use common::scd::*;
 use proptest::prelude::*;

@@ -22,7 +22,7 @@
 //!   every batch, with every batch as one, and one change per batch in
 //!   reverse order: all must give the same table.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

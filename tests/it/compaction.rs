@@ -4,7 +4,7 @@
 //! partition, and a crash anywhere in a compaction, or a race with another
 //! writer, loses and resurrects nothing.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;

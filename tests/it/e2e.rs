@@ -7,7 +7,7 @@
 //! expected rows in `DIR/expected/*.json`, for the independent readers in
 //! `integration/readers.py`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

@@ -3,7 +3,7 @@
 //! batch each, a restart between them, as `autocdc apply` does) gives the
 //! rows docs/history.md shows; and the example of docs/schema-changes.md.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 //! restarts each log's replay starts right after its own last committed
 //! batch, and the table holds every batch once.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

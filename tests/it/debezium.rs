@@ -3,7 +3,7 @@
 //! and redelivery (against the source's own history as the oracle), the
 //! routing endpoint `POST /v1/debezium`, and hostile events.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 

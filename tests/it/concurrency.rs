@@ -8,7 +8,7 @@
 //! The Hadoop catalog runs on local disk; the SQL and REST catalogs on the
 //! servers `integration/backends.sh` starts (scripts/test does).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;

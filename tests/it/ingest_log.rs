@@ -3,7 +3,7 @@
 //! log would be, carries a flow through HTTP pushes, idempotent retries,
 //! commits and a restart on the same log.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

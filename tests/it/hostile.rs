@@ -2,7 +2,7 @@
 //! case gets its 4xx (or its durable behaviour), the server stays alive and
 //! nothing of a refused request is applied.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! its warehouse on S3, and misconfigurations that must stop with a message
 //! naming the setting and the store's answer.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

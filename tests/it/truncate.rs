@@ -3,7 +3,7 @@
 //! later changes apply as usual, and older ones stay out, in any order and
 //! batching and across restarts.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
