@@ -69,6 +69,8 @@ pub struct CommitPolicy {
 pub struct MaintenancePolicy {
     pub snapshot_max_age: Option<Duration>,
     pub min_snapshots_to_keep: Option<usize>,
+    /// At most this many snapshots of a branch are kept, however young.
+    pub snapshot_max_count: Option<usize>,
     /// Run on the service's schedule (false: only when asked).
     pub scheduled: bool,
 }
@@ -127,8 +129,9 @@ impl OneOrMany {
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TiePolicy {
-    /// Two different changes with one sequence: the one with the larger row
-    /// fingerprint wins, whatever the arrival order. Counted as a tie.
+    /// Two different changes with one sequence: an upsert over a delete in
+    /// SCD Type 1 (the delete in SCD Type 2), else the one with the larger
+    /// row fingerprint, whatever the arrival order. Counted as a tie.
     #[default]
     Deterministic,
     /// Reject the batch that contains (or meets) a tie.
@@ -253,6 +256,11 @@ pub struct FlowConfig {
     /// table's `history.expire.min-snapshots-to-keep`.
     #[serde(default)]
     pub min_snapshots_to_keep: Option<u32>,
+    /// Keep at most this many snapshots of a branch, however young (so a
+    /// short commit_interval keeps metadata.json small); default: the
+    /// table's `autocdc.expire.max-snapshots`, else 500.
+    #[serde(default)]
+    pub snapshot_max_count: Option<u32>,
     /// `autocdc serve` runs maintenance for this flow on its schedule
     /// (default true); `autocdc maintain` and the endpoint work either way.
     #[serde(default)]
@@ -1462,9 +1470,17 @@ fn maintenance_policy(config: &FlowConfig) -> Result<MaintenancePolicy> {
             "min_snapshots_to_keep = 0: keep at least 1 (the current snapshot)",
         ));
     }
+    if config.snapshot_max_count == Some(0) {
+        return Err(Error::definition(
+            &config.name,
+            codes::INVALID_DEFINITION,
+            "snapshot_max_count = 0: keep at least 1 (the current snapshot)",
+        ));
+    }
     Ok(MaintenancePolicy {
         snapshot_max_age,
         min_snapshots_to_keep: config.min_snapshots_to_keep.map(|n| n as usize),
+        snapshot_max_count: config.snapshot_max_count.map(|n| n as usize),
         scheduled: config.maintenance.unwrap_or(true),
     })
 }

@@ -1429,7 +1429,13 @@ impl<'a, D: Fn(usize) -> bool> Changes<'a, D> {
     /// sequence (`same_sequence`); counts duplicates and ties.
     fn takes_place(&self, i: usize, other: &Event, stats: &mut BatchStats) -> Result<bool> {
         Ok(
-            match same_sequence(self.flow, i, self.fps[i], other.fp(), other.is_delete())? {
+            match same_sequence(
+                self.flow,
+                i,
+                (self.fps[i], (self.deleted)(i)),
+                other.fp(),
+                other.is_delete(),
+            )? {
                 SameSequence::ReplacesSentinel => true,
                 SameSequence::Duplicate => {
                     stats.duplicates += 1;
@@ -2517,7 +2523,7 @@ columns = [
                     None,
                 );
                 if let Some(e) = events.get(at).filter(|e| e.seq() == seq) {
-                    match same_sequence(flow, i, fp, e.fp(), e.is_delete())? {
+                    match same_sequence(flow, i, (fp, deleted(i)), e.fp(), e.is_delete())? {
                         SameSequence::ReplacesSentinel => {}
                         SameSequence::Duplicate => {
                             stats.duplicates += 1;

@@ -6,8 +6,9 @@
 //!
 //! Semantics, per key: the change with the highest sequence wins whatever the
 //! arrival order and batching; equal sequences are an exact duplicate when the
-//! whole change is equal (same fingerprint), otherwise a tie that the larger
-//! fingerprint wins (or that rejects the batch with `on_sequence_tie = "error"`).
+//! whole change is equal (same fingerprint), otherwise a tie (`same_sequence`:
+//! an upsert over a delete in SCD Type 1, the delete in SCD Type 2, else the
+//! larger fingerprint; or the batch is rejected with `on_sequence_tie = "error"`).
 //! A delete leaves a tombstone so that an older upsert arriving later is stale.
 
 use std::cmp::Ordering;
@@ -322,16 +323,19 @@ pub(crate) enum SameSequence {
     /// The same change again.
     Duplicate,
     /// Two different changes, under `on_sequence_tie = "deterministic"`:
-    /// the higher fingerprint wins.
+    /// between an upsert and a delete, the upsert in SCD Type 1 and the
+    /// delete in SCD Type 2 (as in Spark's AUTO CDC), else the higher
+    /// fingerprint wins.
     Tie { wins: bool },
 }
 
 /// The one rule for two changes of a key at one sequence (`row`: the new
-/// change's row, for the error under `on_sequence_tie = "error"`).
+/// change's row, for the error under `on_sequence_tie = "error"`; `fp` and
+/// `is_delete`: the new change's fingerprint and kind).
 pub(crate) fn same_sequence(
     flow: &Flow,
     row: usize,
-    fp: u64,
+    (fp, is_delete): (u64, bool),
     other_fp: u64,
     other_is_delete: bool,
 ) -> Result<SameSequence> {
@@ -342,9 +346,17 @@ pub(crate) fn same_sequence(
     } else if flow.on_tie == TiePolicy::Error {
         Err(tie_error(flow, row))
     } else {
-        Ok(SameSequence::Tie {
-            wins: fp > other_fp,
-        })
+        // A delete and an upsert at one sequence: as Spark's AUTO CDC, the
+        // upsert in SCD Type 1 (`collapseMicrobatchRowsPerKey`: the row is
+        // present afterwards), the delete in SCD Type 2 (the version is
+        // closed). Two of a kind: the higher fingerprint. Either way a total
+        // order, so every arrival order and batching gives one result.
+        let wins = if is_delete == other_is_delete {
+            fp > other_fp
+        } else {
+            is_delete == flow.scd2
+        };
+        Ok(SameSequence::Tie { wins })
     }
 }
 
@@ -480,6 +492,7 @@ pub fn resolve_as<J: Join>(
         seqs: &seqs,
         hashes: &hashes,
         fingerprints: &fingerprints,
+        deleted: &deleted,
         state,
     };
 
@@ -631,6 +644,8 @@ struct BatchRows<'a> {
     seqs: &'a Rows,
     hashes: &'a [u64],
     fingerprints: &'a [u64],
+    /// Whether each row is a delete (of the flow's `apply_as_deletes` or forced).
+    deleted: &'a (dyn Fn(usize) -> bool + Sync),
     state: &'a KeyIndex,
 }
 
@@ -652,9 +667,14 @@ impl BatchRows<'_> {
                 .get_hashed(self.hashes[i], self.keys.row(i).as_ref());
             let seq = self.seqs.row(i);
             let fp = self.fingerprints[i];
-            if let Against::Apply { replaces } =
-                against_state(self.flow, i, seq.as_ref(), fp, current, &mut stats)?
-            {
+            if let Against::Apply { replaces } = against_state(
+                self.flow,
+                i,
+                seq.as_ref(),
+                (fp, (self.deleted)(i)),
+                current,
+                &mut stats,
+            )? {
                 out.push(Applied {
                     row: r,
                     replaces,
@@ -692,9 +712,17 @@ impl BatchRows<'_> {
                             stats.stale += 1;
                             *w = i as u32;
                         }
-                        // Within a batch no change is a sentinel to the others.
+                        // A forced delete of the batch (a truncate's, a key
+                        // missing from a snapshot) is replaced as in the state.
                         Ordering::Equal => {
-                            match same_sequence(self.flow, i, fp, fingerprints[b], false)? {
+                            let (del, other_del) = ((self.deleted)(i), (self.deleted)(b));
+                            match same_sequence(
+                                self.flow,
+                                i,
+                                (fp, del),
+                                fingerprints[b],
+                                other_del,
+                            )? {
                                 SameSequence::Duplicate => stats.duplicates += 1,
                                 SameSequence::Tie { wins } => {
                                     stats.ties += 1;
@@ -724,13 +752,13 @@ enum Against {
     Apply { replaces: Option<Value> },
 }
 
-/// A batch's winner (row `row`, sequence `seq`, fingerprint `fp`) against
+/// A batch's winner (row `row`, sequence `seq`, fingerprint and kind `fp`) against
 /// the key's current entry; counts stale, duplicates and ties in `stats`.
 fn against_state(
     flow: &Flow,
     row: usize,
     seq: &[u8],
-    fp: u64,
+    fp: (u64, bool),
     current: Option<EntryRef<'_>>,
     stats: &mut BatchStats,
 ) -> Result<Against> {

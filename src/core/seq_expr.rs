@@ -1,6 +1,6 @@
 //! `sequence_by` expressions: SQL value expressions over source columns
-//! (`coalesce(lsn, 0)`, `ts * 1000 + n`, `CAST(v AS long)`), as Spark's
-//! AUTO CDC accepts for `sequence_by`.
+//! (`coalesce(lsn, 0)`, `ts * 1000 + n`, `CAST(v AS long)`,
+//! `greatest(seq, alt_seq)`), as Spark's AUTO CDC accepts for `sequence_by`.
 //!
 //! A flow gives each expression a hidden source column (see
 //! `Flow::computed`), filled when a batch is read, so that everything past
@@ -136,6 +136,9 @@ enum Node {
     Arith(Op, Box<Node>, Box<Node>),
     Neg(Box<Node>),
     Coalesce(Vec<Node>),
+    /// `greatest(...)` (true) or `least(...)` (false): Spark's, nulls
+    /// skipped, null only where every argument is.
+    Extreme(bool, Vec<Node>),
 }
 
 impl Node {
@@ -145,7 +148,7 @@ impl Node {
             Node::Literal(_) => false,
             Node::Cast(n, ..) | Node::Neg(n) => n.reads_a_column(),
             Node::Arith(_, l, r) => l.reads_a_column() || r.reads_a_column(),
-            Node::Coalesce(v) => v.iter().any(Node::reads_a_column),
+            Node::Coalesce(v) | Node::Extreme(_, v) => v.iter().any(Node::reads_a_column),
         }
     }
 }
@@ -414,7 +417,15 @@ impl Compiler<'_> {
                                 }
                             )));
                         }
-                        self.coalesce(e, &args)
+                        let (nodes, ty) = self.common(e, &args)?;
+                        Ok(Val::Node(Node::Coalesce(nodes), ty))
+                    }
+                    "greatest" | "least" => {
+                        if args.len() < 2 {
+                            return Err(self.type_err(format!("`{e}` needs two or more arguments")));
+                        }
+                        let (nodes, ty) = self.common(e, &args)?;
+                        Ok(Val::Node(Node::Extreme(name == "greatest", nodes), ty))
                     }
                     "struct" => Err(self.struct_inside(e)),
                     _ => Err(self.unsupported(format!("the function `{}`", f.name))),
@@ -507,7 +518,9 @@ impl Compiler<'_> {
         })
     }
 
-    fn coalesce(&self, e: &Expr, args: &[&Expr]) -> Result<Val, PredicateError> {
+    /// The arguments of `coalesce`, `greatest` or `least`, in their common
+    /// type (strings, or the widest number).
+    fn common(&self, e: &Expr, args: &[&Expr]) -> Result<(Vec<Node>, DataType), PredicateError> {
         let vals = args
             .iter()
             .map(|a| self.value(a))
@@ -551,7 +564,7 @@ impl Compiler<'_> {
             .zip(args)
             .map(|(v, a)| self.coerce(v, &ty, a))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Val::Node(Node::Coalesce(nodes), ty))
+        Ok((nodes, ty))
     }
 }
 
@@ -625,6 +638,50 @@ fn eval(n: &Node, cols: &[ArrayRef]) -> Result<Out, ArrowError> {
             }
             acc.ok_or_else(|| ArrowError::InvalidArgumentError("coalesce()".into()))?
         }
+        Node::Extreme(greatest, args) => {
+            let mut acc: Option<Out> = None;
+            for a in args {
+                let v = eval(a, cols)?;
+                acc = Some(match acc {
+                    None => v,
+                    Some(cur) => extreme(*greatest, cur, v)?,
+                });
+            }
+            acc.ok_or_else(|| ArrowError::InvalidArgumentError("greatest()".into()))?
+        }
+    })
+}
+
+/// Per row, `v` where it is the greater (`greatest`) or lesser of the two
+/// or `cur` is null, else `cur`: a null never wins over a value. NaN is
+/// above every number, as in Spark.
+fn extreme(greatest: bool, cur: Out, v: Out) -> Result<Out, ArrowError> {
+    use arrow_ord::cmp;
+    let both_scalar = matches!((&cur, &v), (Out::Scalar(_), Out::Scalar(_)));
+    let (cd, vd) = (cur.datum(), v.datum());
+    let better = if greatest {
+        cmp::gt(vd.as_ref(), cd.as_ref())?
+    } else {
+        cmp::lt(vd.as_ref(), cd.as_ref())?
+    };
+    let valid = |o: &Out, i: usize| match o {
+        Out::Array(a) => a.is_valid(i),
+        Out::Scalar(a) => a.is_valid(0),
+    };
+    let mask: arrow_array::BooleanArray = (0..better.len())
+        .map(|i| {
+            Some(match (valid(&cur, i), valid(&v, i)) {
+                (false, _) => true,
+                (true, false) => false,
+                (true, true) => better.value(i),
+            })
+        })
+        .collect();
+    let out = arrow_select::zip::zip(&mask, vd.as_ref(), cd.as_ref())?;
+    Ok(if both_scalar {
+        Out::Scalar(out)
+    } else {
+        Out::Array(out)
     })
 }
 
@@ -720,6 +777,43 @@ mod tests {
             compile("coalesce(n, 0)").unwrap().data_type(),
             &DataType::Int32
         );
+    }
+
+    #[test]
+    fn greatest_and_least_skip_nulls_as_spark_does() {
+        assert_eq!(
+            longs("greatest(ts, n)").unwrap(),
+            [Some(7), Some(2), Some(3), Some(4)]
+        );
+        assert_eq!(
+            longs("least(ts, n)").unwrap(),
+            [Some(1), Some(2), Some(3), Some(1)]
+        );
+        // Null only where every argument is.
+        assert_eq!(
+            longs("greatest(lsn, ts)").unwrap(),
+            [Some(1), Some(20), None, Some(40)]
+        );
+        assert_eq!(
+            longs("greatest(lsn, ts, n)").unwrap(),
+            [Some(7), Some(20), Some(3), Some(40)]
+        );
+        assert_eq!(
+            longs("least(lsn, 5)").unwrap(),
+            [Some(5), Some(5), Some(5), Some(5)]
+        );
+        assert_eq!(
+            longs("GREATEST(lsn, 30)").unwrap(),
+            [Some(30), Some(30), Some(30), Some(40)]
+        );
+        // The arguments' common type; one argument, or only constants, is refused.
+        assert_eq!(
+            compile("greatest(n, ts)").unwrap().data_type(),
+            &DataType::Int64
+        );
+        assert!(compile("greatest(ts)").is_err());
+        assert!(compile("least(1, 2)").is_err());
+        assert!(compile("greatest(s, ts)").is_err());
     }
 
     #[test]

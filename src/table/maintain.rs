@@ -26,6 +26,10 @@ use crate::table::catalog::{Catalog, TableState};
 
 pub const PROP_MAX_AGE: &str = "history.expire.max-snapshot-age-ms";
 pub const PROP_MIN_KEEP: &str = "history.expire.min-snapshots-to-keep";
+/// autocdc's own (Iceberg Java has no count limit): at most this many
+/// snapshots of a branch are kept, however young, so metadata.json stays
+/// bounded at any commit rate.
+pub const PROP_MAX_COUNT: &str = "autocdc.expire.max-snapshots";
 pub const PROP_DELETE_AFTER_COMMIT: &str = "write.metadata.delete-after-commit.enabled";
 pub const PROP_PREVIOUS_MAX: &str = "write.metadata.previous-versions-max";
 pub const PROP_MERGE_ENABLED: &str = "commit.manifest-merge.enabled";
@@ -35,6 +39,9 @@ pub const PROP_MANIFEST_TARGET_BYTES: &str = "commit.manifest.target-size-bytes"
 /// Iceberg Java's defaults, used when a table does not say.
 const DEFAULT_MAX_AGE_MS: i64 = 5 * 24 * 3600 * 1000;
 const DEFAULT_MIN_KEEP: usize = 1;
+/// About 1 KB of metadata.json per snapshot: 500 keep it near 0.5 MiB (at a
+/// 1 s commit interval, a time-travel window of about 8 minutes).
+pub const DEFAULT_MAX_COUNT: usize = 500;
 const DEFAULT_MERGE_MIN_COUNT: usize = 100;
 const DEFAULT_MANIFEST_TARGET_BYTES: u64 = 8 << 20;
 
@@ -76,11 +83,14 @@ pub fn delete_after_commit(meta: &TableMetadata) -> bool {
     prop::<bool>(meta, PROP_DELETE_AFTER_COMMIT).unwrap_or(false)
 }
 
-/// How long and how many snapshots a branch keeps.
+/// How long and how many snapshots a branch keeps: those younger than
+/// `max_age_ms`, at most `max_count` of them, and never fewer than
+/// `min_keep` (which wins over `max_count`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     pub max_age_ms: i64,
     pub min_keep: usize,
+    pub max_count: usize,
 }
 
 impl Retention {
@@ -97,6 +107,11 @@ impl Retention {
                 .min_snapshots_to_keep
                 .or_else(|| prop(meta, PROP_MIN_KEEP))
                 .unwrap_or(DEFAULT_MIN_KEEP)
+                .max(1),
+            max_count: policy
+                .snapshot_max_count
+                .or_else(|| prop(meta, PROP_MAX_COUNT))
+                .unwrap_or(DEFAULT_MAX_COUNT)
                 .max(1),
         }
     }
@@ -129,7 +144,8 @@ impl MergePolicy {
 /// than its age limit or fewer than its minimum count (a branch's own
 /// retention settings first); tags keep their snapshot; a snapshot on no
 /// branch's retained line expires once older than the table's limit; and
-/// `protect` never expires. Pure.
+/// `protect` never expires. Beyond Java: a branch keeps at most the table's
+/// `max_count` ancestors above its minimum count, however young. Pure.
 pub fn expirable(
     meta: &TableMetadata,
     now_ms: i64,
@@ -137,6 +153,8 @@ pub fn expirable(
     protect: &HashSet<i64>,
 ) -> Vec<i64> {
     let mut keep: HashSet<i64> = protect.clone();
+    // Young ancestors past a branch's count limit.
+    let mut cut: HashSet<i64> = HashSet::new();
     for reference in refs(meta).values() {
         keep.insert(reference.snapshot_id);
         let SnapshotRetention::Branch {
@@ -153,10 +171,21 @@ pub fn expirable(
         let older_than = now_ms - max_snapshot_age_ms.unwrap_or(table.max_age_ms);
         let mut kept = 0;
         let mut cur = meta.snapshot_by_id(reference.snapshot_id);
-        while let Some(s) = cur {
-            if kept < min_keep || s.timestamp_ms() >= older_than {
+        // Bounded: a chain has no cycle, but a corrupt one must not loop.
+        let mut steps = meta.snapshots().len();
+        let mut over_count = false;
+        while let Some(s) = cur.filter(|_| steps > 0) {
+            steps -= 1;
+            if over_count {
+                cut.insert(s.snapshot_id());
+            } else if kept < min_keep || (s.timestamp_ms() >= older_than && kept < table.max_count)
+            {
                 keep.insert(s.snapshot_id());
                 kept += 1;
+            } else if s.timestamp_ms() >= older_than {
+                // Past the count limit: the rest of the line goes, however young.
+                over_count = true;
+                cut.insert(s.snapshot_id());
             } else {
                 break;
             }
@@ -166,7 +195,10 @@ pub fn expirable(
     let older_than = now_ms - table.max_age_ms;
     let mut out: Vec<i64> = meta
         .snapshots()
-        .filter(|s| !keep.contains(&s.snapshot_id()) && s.timestamp_ms() < older_than)
+        .filter(|s| {
+            let id = s.snapshot_id();
+            !keep.contains(&id) && (s.timestamp_ms() < older_than || cut.contains(&id))
+        })
         .map(|s| s.snapshot_id())
         .collect();
     out.sort_unstable();

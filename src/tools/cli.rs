@@ -799,6 +799,7 @@ async fn apply_files(
         pb.set_position(input.read);
     }
     pb.finish_and_clear();
+    expire_over_count(&mut engine).await?;
     let s = engine.summary();
     println!(
         "applied {applied} batches in {:.2} s: {}; table {} has {} live keys, {} tombstones",
@@ -807,6 +808,34 @@ async fn apply_files(
         flow.target,
         s.live,
         s.tombstones
+    );
+    Ok(())
+}
+
+/// After `apply`: a table over its snapshot count limit (`snapshot_max_count`,
+/// default 500) is maintained as the service's schedule would (expiry and
+/// the cleanup of what expired; no orphan listing), so a cron of `apply`s
+/// keeps metadata.json bounded too.
+async fn expire_over_count(engine: &mut Engine) -> Result<()> {
+    use crate::table::maintain::Retention;
+    let policy = engine.flow.maintenance;
+    let over = |t: &crate::table::catalog::TableState| {
+        t.metadata.snapshots().len() > Retention::of(&t.metadata, &policy).max_count
+    };
+    if !policy.scheduled || !(over(engine.target()) || over(engine.state_table())) {
+        return Ok(());
+    }
+    let r = engine
+        .maintain(&crate::table::engine::MaintainOptions {
+            now_ms: now_ms(),
+            dry_run: false,
+            orphans_older_than: None,
+            compact: false,
+        })
+        .await?;
+    println!(
+        "over the snapshot count limit: expired {} snapshots (maintenance as `autocdc maintain` without orphans)",
+        r.target.snapshots_expired + r.state.snapshots_expired
     );
     Ok(())
 }

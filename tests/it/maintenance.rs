@@ -513,6 +513,7 @@ fn snapshots_expire_by_age_and_count_as_in_iceberg_java() {
         let keep = |age: i64, min: usize| maintain::Retention {
             max_age_ms: age,
             min_keep: min,
+            max_count: usize::MAX,
         };
         // Younger than the age limit stays; older goes.
         let got = maintain::expirable(&meta, ts[5], keep(ts[5] - ts[3], 1), &none);
@@ -530,6 +531,66 @@ fn snapshots_expire_by_age_and_count_as_in_iceberg_java() {
         let mut want = ids[1..5].to_vec();
         want.sort();
         assert_eq!(got, want);
+        // The count limit (autocdc's): however young, a branch keeps at most
+        // max_count, and never fewer than the minimum count.
+        let count = |max: usize, min: usize| maintain::Retention {
+            max_age_ms: i64::MAX / 2,
+            min_keep: min,
+            max_count: max,
+        };
+        let got = maintain::expirable(&meta, ts[5], count(2, 1), &none);
+        let mut want = ids[..4].to_vec();
+        want.sort();
+        assert_eq!(got, want);
+        let got = maintain::expirable(&meta, ts[5], count(2, 3), &none);
+        let mut want = ids[..3].to_vec();
+        want.sort();
+        assert_eq!(got, want);
+        assert!(maintain::expirable(&meta, ts[5], count(6, 1), &none).is_empty());
+    });
+}
+
+/// Issue 49: at a high commit rate the snapshot count, not only the age,
+/// bounds metadata.json by default: a young table over the flow's
+/// `snapshot_max_count` is cut back to it by maintenance, and the scheduled
+/// maintenance's trigger (`expirable_snapshots`) sees it; the table still
+/// reads as the oracle says.
+#[test]
+fn young_snapshots_over_the_count_limit_expire() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = customers_config();
+    cfg.snapshot_max_count = Some(4);
+    let flow = Flow::new(cfg).unwrap();
+    let faults = Arc::new(Faults::default());
+    rt().block_on(async {
+        let cat = catalog(tmp.path(), faults.clone());
+        let mut e = open(&cat, &flow, &faults).await;
+        let mut batches = Vec::new();
+        for i in 0..12 {
+            let b = evs_batch(&flow, i);
+            e.apply(&b, 1_000_000 + i * 10).await.unwrap();
+            batches.push(b);
+        }
+        let now = 1_000_000 + 200;
+        assert!(e.target().metadata.snapshots().len() >= 12);
+        assert!(
+            e.expirable_snapshots(now) >= 8,
+            "the trigger sees the surplus"
+        );
+        // Without the flow's limit, the default (500) keeps all twelve.
+        let meta = &e.target().metadata;
+        let default = maintain::Retention::of(meta, &Default::default());
+        assert_eq!(default.max_count, maintain::DEFAULT_MAX_COUNT);
+        assert!(maintain::expirable(meta, now, default, &Default::default()).is_empty());
+        run(&mut e, now).await;
+        let t = cat.load_table(&flow.target).await.unwrap().unwrap();
+        assert!(
+            t.metadata.snapshots().len() <= 4,
+            "{} snapshots kept",
+            t.metadata.snapshots().len()
+        );
+        assert_referenced_exist(&cat, &t).await;
+        assert_eq!(table_rows(&e).await, oracle(&flow, &batches));
     });
 }
 
@@ -587,5 +648,69 @@ fn table_properties_of_the_flow_are_set_on_both_tables_and_kept_in_step() {
             [("write.delete.mode".to_string(), "copy-on-write".to_string())].into();
         let err = Flow::new(cfg).unwrap_err();
         assert_eq!(err.code(), "AUTOCDC_INVALID_DEFINITION", "{err}");
+    });
+}
+
+/// Issue 49: `autocdc apply` run again and again (a cron) keeps a table
+/// under its snapshot count limit: past it, the run ends with the expiry
+/// the service's schedule would make; the rows stay the oracle's.
+#[test]
+fn apply_cuts_a_table_back_to_its_snapshot_count_limit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (wh, cfg, input) = (
+        tmp.path().join("wh"),
+        tmp.path().join("autocdc.toml"),
+        tmp.path().join("changes.ndjson"),
+    );
+    std::fs::create_dir_all(&wh).unwrap();
+    std::fs::write(
+        &cfg,
+        format!(
+            "[catalog]\ntype = \"hadoop\"\nwarehouse = {:?}\n\n[[flow]]\n{}\nsnapshot_max_count = 3\n",
+            wh.to_str().unwrap(),
+            CUSTOMERS.trim()
+        ),
+    )
+    .unwrap();
+    let lines: Vec<String> = (1..=8)
+        .map(|i| {
+            format!(
+                r#"{{"id": {}, "city": "c{i}", "op": "UPSERT", "seq": {i}}}"#,
+                i % 5
+            )
+        })
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_autocdc"))
+        .args([
+            "apply",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--flow",
+            "customers",
+        ])
+        .args(["--batch-rows", "1", input.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("over the snapshot count limit"), "{stdout}");
+    let faults = Arc::new(Faults::default());
+    rt().block_on(async {
+        let cat = catalog(&wh, faults.clone());
+        let mut cfg = customers_config();
+        cfg.snapshot_max_count = Some(3);
+        let flow = Flow::new(cfg).unwrap();
+        let e = open(&cat, &flow, &faults).await;
+        let n = e.target().metadata.snapshots().len();
+        assert!((1..=3).contains(&n), "{n} snapshots kept");
+        assert!(e.state_table().metadata.snapshots().len() <= 3);
+        let got = table_rows(&e).await;
+        assert_eq!(got.len(), 5, "{got:?}");
+        assert!(got.iter().any(|r| r.contains(&"c8".to_string())), "{got:?}");
     });
 }

@@ -1093,10 +1093,8 @@ fn scd2_repeated_values_inside_a_run_extend_it() {
 /// Spark: Scd2ForeachBatchHandlerSuite, "events sharing key and sequence but differing in value
 /// still collapse to one record" and "a later microbatch event sharing key and sequence but
 /// differing in value is absorbed" (Spark: one open record holding either value), and "an upsert
-/// and a delete at the same sequence resolve in favor of the delete". The last differs: autocdc's
-/// documented tie rule (docs/flows.md, Semantics) lets the change with the larger fingerprint
-/// win, whatever its kind, the same one in every order; so either outcome is accepted, provided
-/// every order and batching agrees.
+/// and a delete at the same sequence resolve in favor of the delete", in every order and
+/// batching (docs/flows.md, Semantics).
 #[test]
 fn scd2_changes_tied_on_the_sequence_resolve_the_same_way_in_every_order() {
     one_of(
@@ -1116,7 +1114,58 @@ fn scd2_changes_tied_on_the_sequence_resolve_the_same_way_in_every_order() {
             r#"{"id": 1, "value": "a", "seq": 10, "is_delete": false}"#,
             r#"{"id": 1, "value": null, "seq": 10, "is_delete": true}"#,
         ],
-        &[rows(&[]), rows(&[&["1", "a", "10", "NULL"]])],
+        &[rows(&[])],
+    );
+    // Over an earlier version, the delete at the tie closes it there.
+    one_of(
+        SCD2_HANDLER,
+        &[
+            r#"{"id": 1, "value": "x", "seq": 5, "is_delete": false}"#,
+            r#"{"id": 1, "value": "a", "seq": 10, "is_delete": false}"#,
+            r#"{"id": 1, "value": null, "seq": 10, "is_delete": true}"#,
+        ],
+        &[rows(&[&["1", "x", "5", "10"]])],
+    );
+}
+
+/// Spark: Scd1LeafLevelReconciliationSuite, "collapseMicrobatchRowsPerKey collapses keys into
+/// upserts on delete and upsert sequencing ties": the row is present afterwards, in every order
+/// and batching, within one batch and across commits, and over an earlier row or tombstone.
+#[test]
+fn scd1_a_delete_and_an_upsert_tied_on_the_sequence_collapse_to_the_upsert() {
+    let toml = r#"
+keys = ["id"]
+sequence_by = "seq"
+apply_as_deletes = "is_delete"
+columns = [
+  { name = "id", type = "int" },
+  { name = "seq", type = "long" },
+  { name = "value", type = "string" },
+  { name = "is_delete", type = "boolean" },
+]
+"#;
+    let upsert = r#"{"id": 1, "seq": 10, "value": "kept", "is_delete": false}"#;
+    let delete = r#"{"id": 1, "seq": 10, "value": null, "is_delete": true}"#;
+    let want = rows(&[&["1", "10", "kept", "false"]]);
+    one_of(toml, &[upsert, delete], std::slice::from_ref(&want));
+    one_of(
+        toml,
+        &[
+            r#"{"id": 1, "seq": 5, "value": "old", "is_delete": false}"#,
+            delete,
+            upsert,
+        ],
+        std::slice::from_ref(&want),
+    );
+    // Two deletes tied: one of them, the key gone; a later upsert at the tie still wins.
+    one_of(
+        toml,
+        &[
+            delete,
+            r#"{"id": 1, "seq": 10, "value": "other", "is_delete": true}"#,
+            upsert,
+        ],
+        std::slice::from_ref(&want),
     );
 }
 
@@ -3958,5 +4007,49 @@ fn scd1_a_nested_field_the_source_stops_sending_is_null_in_new_rows() {
             &["2", "1", "[{a: 2, b: {c: 2, d: 2}}]"],
             &["3", "1", "[{a: 3, b: {c: 3, d: NULL}}]"],
         ],
+    );
+}
+
+/// Spark: Scd1RowLevelReconciliationSuite, "deduplicateMicrobatch supports an arbitrary sequencing
+/// expression": `greatest(seq, alt_seq)` orders changes, a null argument skipped (Spark's rule),
+/// in every order and batching.
+#[test]
+fn scd1_a_greatest_sequence_expression_orders_changes() {
+    scenario(
+        r#"
+keys = ["id"]
+sequence_by = "greatest(seq, alt_seq)"
+columns = [
+  { name = "id", type = "int" },
+  { name = "seq", type = "long" },
+  { name = "alt_seq", type = "long" },
+  { name = "value", type = "string" },
+]
+"#,
+        &[
+            r#"{"id": 1, "seq": 1, "alt_seq": 5, "value": "five"}"#,
+            r#"{"id": 1, "seq": 4, "alt_seq": 2, "value": "four"}"#,
+            r#"{"id": 2, "seq": 3, "alt_seq": null, "value": "three"}"#,
+            r#"{"id": 2, "seq": null, "alt_seq": 2, "value": "two"}"#,
+        ],
+        &[&["1", "1", "5", "five"], &["2", "3", "NULL", "three"]],
+    );
+    // least(...) too: the earlier of the two orders.
+    scenario(
+        r#"
+keys = ["id"]
+sequence_by = "least(seq, alt_seq)"
+columns = [
+  { name = "id", type = "int" },
+  { name = "seq", type = "long" },
+  { name = "alt_seq", type = "long" },
+  { name = "value", type = "string" },
+]
+"#,
+        &[
+            r#"{"id": 1, "seq": 1, "alt_seq": 5, "value": "one"}"#,
+            r#"{"id": 1, "seq": 4, "alt_seq": 2, "value": "two"}"#,
+        ],
+        &[&["1", "4", "2", "two"]],
     );
 }

@@ -91,8 +91,8 @@ pub fn render_all(batch: &RecordBatch) -> Vec<Vec<String>> {
     render(batch, &rows, &cols)
 }
 
-/// The oracle: per key, sort all changes by (sequence, fingerprint), keep the
-/// last, drop it if it is a delete. Returns the target rows, sorted.
+/// The oracle: per key, sort all changes by (sequence, upsert over delete,
+/// fingerprint), keep the last, drop it if it is a delete. Returns the target rows, sorted.
 pub fn oracle(flow: &Flow, batches: &[RecordBatch]) -> BTreeSet<Vec<String>> {
     let codec = Codec::new(flow).unwrap();
     // key -> (sequence, fingerprint, is delete, rendered target row)
@@ -132,7 +132,8 @@ pub fn oracle(flow: &Flow, batches: &[RecordBatch]) -> BTreeSet<Vec<String>> {
             );
             let k = keys.row(r).as_ref().to_vec();
             match best.get(&k) {
-                Some(cur) if (&cur.0, cur.1) >= (&cand.0, cand.1) => {}
+                // At one sequence an upsert wins over a delete (SCD Type 1).
+                Some(cur) if (&cur.0, !cur.2, cur.1) >= (&cand.0, !cand.2, cand.1) => {}
                 _ => {
                     best.insert(k, cand);
                 }

@@ -110,8 +110,9 @@ fn s(v: Option<&str>) -> String {
     v.unwrap_or("NULL").to_string()
 }
 
-/// The oracle. Per key and sequence the change with the larger fingerprint
-/// wins (the documented tie rule); then, in sequence order: a delete closes
+/// The oracle. Per key and sequence an upsert wins over a delete in SCD
+/// Type 1, the delete in SCD Type 2, else the larger fingerprint (the
+/// documented tie rule); then, in sequence order: a delete closes
 /// the open version; an upsert (nulls filled from the open version with
 /// ignore_nulls) updates the open version in place when its tracked columns
 /// are unchanged, else closes it at its sequence and opens a new one.
@@ -134,8 +135,10 @@ pub fn people_oracle(shape: Shape, flow: &Flow, batches: &[RecordBatch]) -> BTre
         for (r, &fp) in fps.iter().enumerate() {
             let c = (fp, dels.value(r), get(city, r), get(note, r));
             let m = per_key.entry(id.value(r)).or_default();
+            // An upsert over a delete (SCD Type 1), the delete (SCD Type 2).
+            let rank = |c: &Change| (c.1 == shape.scd2, c.0);
             match m.get(&seq.value(r)) {
-                Some(cur) if cur.0 >= c.0 => {}
+                Some(cur) if rank(cur) >= rank(&c) => {}
                 _ => {
                     m.insert(seq.value(r), c);
                 }
