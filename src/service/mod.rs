@@ -22,6 +22,7 @@ pub mod input;
 pub mod lease;
 pub mod metrics;
 pub mod nats_log;
+pub mod process;
 pub mod wal;
 
 use std::collections::{BTreeMap, HashMap};
@@ -540,6 +541,8 @@ pub struct Service {
     adding_columns: tokio::sync::Mutex<()>,
     /// Client connections (the HTTP layer counts them here).
     pub connections: crate::service::http::Connections,
+    /// Requests served, per route (the HTTP layer counts them here).
+    pub requests: crate::service::http::RequestStats,
     /// On a shared log: the flows' leases (set before `start`).
     leases: std::sync::OnceLock<Arc<lease::Leases>>,
     /// Where definitions made over HTTP are kept (`flow.json` files in
@@ -596,6 +599,7 @@ impl Service {
             ready: false.into(),
             adding_columns: Default::default(),
             connections: Default::default(),
+            requests: Default::default(),
             leases: Default::default(),
             definitions: Default::default(),
             defining: Default::default(),

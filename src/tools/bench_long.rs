@@ -60,7 +60,9 @@ pub struct BenchLongArgs {
     /// Runs, in order: `on` (autocdc's defaults: table health and
     /// compaction), `health` (expiry and manifest merging, no compaction),
     /// `off` (no expiry, no manifest merging, old metadata kept: how tables
-    /// aged before).
+    /// aged before), `defaults` (as `on`, with the retention a created table
+    /// gets instead of `--keep-snapshots`: at a high commit rate, the count
+    /// limit).
     #[arg(long, default_value = "on,off")]
     pub modes: String,
     /// Commits of the `off` run: its old metadata files alone grow with the
@@ -115,10 +117,10 @@ pub async fn run(args: BenchLongArgs) -> Result<()> {
         .collect();
     if let Some(m) = modes
         .iter()
-        .find(|m| !["on", "health", "off"].contains(&m.as_str()))
+        .find(|m| !["on", "health", "off", "defaults"].contains(&m.as_str()))
     {
         return Err(Error::Config(format!(
-            "--modes: `{m}` is not one of on, health, off"
+            "--modes: `{m}` is not one of on, health, off, defaults"
         )));
     }
     let tmp;
@@ -150,6 +152,12 @@ pub async fn run(args: BenchLongArgs) -> Result<()> {
             "-- maintenance {mode}{}",
             match mode.as_str() {
                 "off" => ": no expiry, no manifest merging, old metadata.json kept".to_string(),
+                "defaults" => format!(
+                    ": autocdc's defaults (snapshots younger than 30 min, at most {} per table), every {} commits, compaction every {} commits",
+                    maintain::DEFAULT_MAX_COUNT,
+                    args.maintain_every,
+                    args.compact_every
+                ),
                 m => format!(
                     ": every {} commits, {} snapshots kept, manifests merged from 100{}",
                     args.maintain_every,
@@ -223,13 +231,15 @@ pub async fn run(args: BenchLongArgs) -> Result<()> {
     Ok(())
 }
 
-fn flow(args: &BenchLongArgs, on: bool, compact: bool) -> Result<Flow> {
+/// `defaults`: the retention autocdc gives a table it creates (the age
+/// and count limits), not `--keep-snapshots`.
+fn flow(args: &BenchLongArgs, on: bool, compact: bool, defaults: bool) -> Result<Flow> {
     let mut cfg = generate::changes_flow("long", "bench.long")?;
     cfg.compaction = Some(crate::core::flow::CompactionConfig {
         enabled: Some(compact),
         ..Default::default()
     });
-    if on {
+    if on && !defaults {
         cfg.snapshot_max_age = Some("1ms".into());
         cfg.min_snapshots_to_keep = Some(args.keep_snapshots.max(1));
     }
@@ -246,8 +256,8 @@ async fn run_mode(
 ) -> Result<Vec<Row>> {
     let catalog = local_catalog(warehouse)?;
     let on = mode != "off";
-    let compact = mode == "on";
-    let flow = flow(args, on, compact)?;
+    let compact = mode == "on" || mode == "defaults";
+    let flow = flow(args, on, compact, mode == "defaults")?;
     let run_started = Instant::now();
     let mut compaction_ms = 0.0;
     let mut engine =

@@ -303,15 +303,7 @@ async fn run_format(
 
 /// User and system CPU seconds process `pid` has used (Linux; else none).
 fn cpu_seconds_of(pid: &str) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command (which may hold spaces): utime is the 14th
-    // field of the line, stime the 15th, in clock ticks.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    // USER_HZ: 100 on every Linux architecture this runs on.
-    let hz = 100.0;
-    Some(ticks / hz)
+    crate::service::process::of(pid).map(|p| p.cpu_seconds)
 }
 
 /// The `autocdc serve` child; killed and reaped when dropped.

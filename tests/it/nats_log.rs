@@ -179,7 +179,7 @@ fn acknowledged_batches_survive_the_loss_of_the_machine_that_took_them() {
             "{metrics}"
         );
         assert!(
-            metrics.contains("autocdc_log_append_latency_recent_p99_ms{flow=\"m\"}"),
+            metrics.contains("autocdc_log_append_duration_recent_p99_seconds{flow=\"m\"}"),
             "{metrics}"
         );
         std::mem::forget(r);

@@ -1624,3 +1624,77 @@ fn serve_compacts_on_the_flows_interval_and_when_asked() {
         assert_eq!(table(tmp.path(), "k").await, expected(&all));
     });
 }
+
+/// Issue 49: `/metrics` follows Prometheus's conventions: every family has
+/// `# HELP` and `# TYPE` and every sample a family; durations are seconds
+/// (no `_ms` family); requests are counted per route template, method and
+/// status, with a duration histogram per route; and the `process_*`
+/// family is there.
+#[test]
+fn metrics_follow_prometheus_conventions() {
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let r = start(config(tmp.path(), vec![flow_cfg("h", "1h")])).await;
+        let c = reqwest::Client::new();
+        let changes = url(&r, "/v1/flows/h/changes");
+        for (i, body) in [
+            ndjson(&[u(1, "Leeds", 1)]),
+            ndjson(&[u(2, "York", 2)]),
+            "not json".to_string(),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let want = if i < 2 { 202 } else { 400 };
+            let (s, v) = post(&c, &changes, "application/x-ndjson", body, None).await;
+            assert_eq!(s, want, "{v}");
+        }
+        let (s, v) = post(
+            &c,
+            &format!("{changes}?wait=commit"),
+            "application/x-ndjson",
+            ndjson(&[u(3, "Bath", 3)]),
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+        let metrics = get_text(&c, &r, "/metrics").await;
+        let mut typed = std::collections::HashSet::new();
+        let mut help = None;
+        for line in metrics.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                help = rest.split(' ').next();
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let name = rest.split(' ').next().unwrap();
+                assert_eq!(help, Some(name), "# TYPE {name} without its # HELP");
+                assert!(!name.ends_with("_ms"), "{name}: durations are seconds");
+                typed.insert(name);
+            } else {
+                let name = line.split(['{', ' ']).next().unwrap();
+                let family = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s).filter(|f| typed.contains(f)))
+                    .unwrap_or(name);
+                assert!(typed.contains(family), "sample {line} has no # TYPE");
+            }
+        }
+        for want in [
+            "autocdc_http_requests_total{route=\"/v1/flows/{flow}/changes\",method=\"POST\",status=\"202\"} 2",
+            "autocdc_http_requests_total{route=\"/v1/flows/{flow}/changes\",method=\"POST\",status=\"400\"} 1",
+            "autocdc_http_requests_total{route=\"/v1/flows/{flow}/changes\",method=\"POST\",status=\"200\"} 1",
+            "autocdc_http_request_duration_seconds_count{route=\"/v1/flows/{flow}/changes\"} 4",
+            "autocdc_commit_duration_seconds_bucket{flow=\"h\",le=\"+Inf\"} 1",
+            "# TYPE process_cpu_seconds_total counter",
+        ] {
+            assert!(metrics.contains(want), "no `{want}` in\n{metrics}");
+        }
+        let rss: f64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+            .expect("process_resident_memory_bytes")
+            .parse()
+            .unwrap();
+        assert!(rss > 1e6, "{rss}");
+        r.stop().await.unwrap();
+    });
+}

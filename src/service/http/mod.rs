@@ -21,6 +21,8 @@ use crate::service::Service;
 use crate::service::input;
 
 mod debezium;
+mod requests;
+pub use requests::{DURATION_BUCKETS, Durations, RequestStats};
 
 pub const NDJSON: &str = "application/x-ndjson";
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
@@ -157,6 +159,10 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/flows/{flow}/commit", post(post_commit))
         .route("/v1/flows/{flow}/dead-letters", get(get_dead_letters))
         .route("/v1/flows/{flow}/maintain", post(post_maintain))
+        .route_layer(axum::middleware::from_fn_with_state(
+            service.clone(),
+            requests::track,
+        ))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(
             service.clone(),
