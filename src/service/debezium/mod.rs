@@ -24,6 +24,7 @@ use crate::core::flow::Flow;
 use crate::error::{Error, Result, codes};
 use crate::service::input::{self, BodyFormat, Limits};
 
+mod direct;
 mod read;
 
 pub use read::{Change, read_body};
@@ -178,19 +179,156 @@ impl<'f> Columns<'f> {
 }
 
 /// The rows of `changes` in `flow`'s source schema, hidden columns filled.
-/// Each event's row becomes one flat JSON line for the row decoder
-/// (`Columns::write`). A table's completed snapshot adds a truncate just
-/// below its reads.
+/// The declared columns are built straight from the events' values where
+/// they allow it (`direct`); else each event's row becomes one flat JSON
+/// line for the row decoder (`Columns::write`). A table's completed
+/// snapshot adds a truncate just below its reads.
 pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBatch, Skipped)> {
-    let mut skipped = Skipped::default();
     let columns = Columns::new(flow)?;
-    // Per row: its event's index in the body, its op, its position, the
-    // end of its line in `lines`, and its binary columns' bytes.
+    if let Some(d) = direct::Direct::new(flow, changes.len())
+        && let Some(done) = rows_as(&columns, changes, Build::Direct(d), strict)?
+    {
+        return Ok(done);
+    }
+    let json = Build::Json {
+        lines: Vec::with_capacity(changes.len() * 64),
+        ends: Vec::with_capacity(changes.len()),
+        bytes: Vec::with_capacity(changes.len()),
+    };
+    Ok(rows_as(&columns, changes, json, strict)?.expect("the JSON way takes every row"))
+}
+
+/// `rows` the general way only (the JSON row decoder), for the tests that
+/// hold the direct way to it.
+#[doc(hidden)]
+pub fn rows_by_json(
+    flow: &Flow,
+    changes: &[&Change],
+    strict: bool,
+) -> Result<(RecordBatch, Skipped)> {
+    let json = Build::Json {
+        lines: Vec::new(),
+        ends: Vec::new(),
+        bytes: Vec::new(),
+    };
+    Ok(
+        rows_as(&Columns::new(flow)?, changes, json, strict)?
+            .expect("the JSON way takes every row"),
+    )
+}
+
+/// How a body's declared columns are being built.
+enum Build<'f> {
+    /// Each row image as a flat JSON line (its end in `lines`) for the row
+    /// decoder, and its binary columns' bytes.
+    Json {
+        lines: Vec<u8>,
+        ends: Vec<usize>,
+        bytes: Vec<Vec<Option<Vec<u8>>>>,
+    },
+    Direct(direct::Direct<'f>),
+}
+
+impl Build<'_> {
+    /// A row without an image (a truncate): every declared column null.
+    fn empty(&mut self, columns: &Columns) -> std::result::Result<(), direct::Decline> {
+        match self {
+            Build::Json { lines, ends, bytes } => {
+                lines.extend_from_slice(b"{}");
+                ends.push(lines.len());
+                bytes.push(vec![None; columns.binary.len()]);
+                Ok(())
+            }
+            // Nulls in the key columns: the row decoder's way.
+            Build::Direct(_) => Err(direct::Decline),
+        }
+    }
+
+    /// Event `c`'s row image `which`, its `fields`.
+    fn image(
+        &mut self,
+        columns: &Columns,
+        c: &Change,
+        which: &str,
+        fields: &[(std::borrow::Cow<str>, &serde_json::value::RawValue)],
+    ) -> Result<std::result::Result<(), direct::Decline>> {
+        match self {
+            Build::Json { lines, ends, bytes } => {
+                let mut row_bytes = vec![None; columns.binary.len()];
+                lines.push(b'{');
+                columns.write(c, which, fields, lines, &mut row_bytes)?;
+                lines.push(b'}');
+                ends.push(lines.len());
+                bytes.push(row_bytes);
+                Ok(Ok(()))
+            }
+            Build::Direct(d) => Ok(d.row(fields, c.row_schema(which))),
+        }
+    }
+
+    /// The source columns: the declared ones built, the hidden ones not yet.
+    fn finish(
+        self,
+        columns: &Columns,
+        kept: &[(usize, Op)],
+        strict: bool,
+    ) -> Result<Vec<ArrayRef>> {
+        let (lines, ends, bytes) = match self {
+            Build::Direct(d) => {
+                let mut cols = d.finish();
+                for f in &columns.flow.source_arrow.fields()[cols.len()..] {
+                    cols.push(arrow_array::new_null_array(f.data_type(), kept.len()));
+                }
+                return Ok(cols);
+            }
+            Build::Json { lines, ends, bytes } => (lines, ends, bytes),
+        };
+        let mut refs: Vec<&[u8]> = Vec::with_capacity(ends.len());
+        let mut from = 0;
+        for &end in &ends {
+            refs.push(&lines[from..end]);
+            from = end;
+        }
+        let batch = input::decode_json_rows(columns.flow, &refs, strict).map_err(|e| match e {
+            // The decoder counts this flow's rows; the event's index is the body's.
+            Error::Batch {
+                code,
+                flow,
+                row,
+                column,
+                message,
+            } => Error::Batch {
+                code,
+                flow,
+                row: kept.get(row).map_or(row, |k| k.0),
+                column,
+                message,
+            },
+            e => e,
+        })?;
+        let mut cols: Vec<ArrayRef> = batch.columns().to_vec();
+        for (b, &col) in columns.binary.iter().enumerate() {
+            cols[col] = Arc::new(BinaryArray::from_iter(
+                bytes.iter().map(|row| row[b].as_deref()),
+            ));
+        }
+        Ok(cols)
+    }
+}
+
+/// `rows` the way `build` builds the declared columns; None when it
+/// declines this body (`direct`).
+fn rows_as(
+    columns: &Columns,
+    changes: &[&Change],
+    mut build: Build,
+    strict: bool,
+) -> Result<Option<(RecordBatch, Skipped)>> {
+    let flow = columns.flow;
+    let mut skipped = Skipped::default();
+    // Per row: its event's index in the body and its op, and its position.
     let mut kept: Vec<(usize, Op)> = Vec::with_capacity(changes.len());
     let mut positions: Vec<Position> = Vec::with_capacity(changes.len());
-    let mut lines: Vec<u8> = Vec::with_capacity(changes.len() * 64);
-    let mut ends: Vec<usize> = Vec::with_capacity(changes.len());
-    let mut bytes: Vec<Vec<Option<Vec<u8>>>> = Vec::with_capacity(changes.len());
     for c in changes {
         let err = |m: String| event_err(&flow.name, c.index, m);
         if c.op == Op::Truncate && flow.truncates.is_none() {
@@ -203,20 +341,16 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
         if flow.truncates.is_some() && c.ends_snapshot() {
             // The table's snapshot is complete: a truncate just below its
             // reads removes what an earlier, partial snapshot left.
-            lines.extend_from_slice(b"{}");
-            ends.push(lines.len());
+            if build.empty(columns).is_err() {
+                return Ok(None);
+            }
             positions.push(position.snapshot_end());
             kept.push((c.index, Op::Truncate));
-            bytes.push(vec![None; columns.binary.len()]);
         }
         let (which, image) = c.image();
-        let mut row_bytes: Vec<Option<Vec<u8>>> = vec![None; columns.binary.len()];
-        lines.push(b'{');
-        match (c.op, image) {
-            (Op::Truncate, _) => {}
-            (_, Some(Image::Row(Fields(fields)))) => {
-                columns.write(c, which, fields, &mut lines, &mut row_bytes)?;
-            }
+        let built = match (c.op, image) {
+            (Op::Truncate, _) => build.empty(columns),
+            (_, Some(Image::Row(Fields(fields)))) => build.image(columns, c, which, fields)?,
             (Op::Delete, _) => {
                 return Err(Error::Batch {
                     code: codes::DEBEZIUM_NO_KEY,
@@ -240,55 +374,25 @@ pub fn rows(flow: &Flow, changes: &[&Change], strict: bool) -> Result<(RecordBat
                     }
                 )));
             }
+        };
+        if built.is_err() {
+            return Ok(None);
         }
-        lines.push(b'}');
-        ends.push(lines.len());
-        bytes.push(row_bytes);
         positions.push(position);
         kept.push((c.index, c.op));
     }
-    let mut refs: Vec<&[u8]> = Vec::with_capacity(ends.len());
-    let mut from = 0;
-    for &end in &ends {
-        refs.push(&lines[from..end]);
-        from = end;
-    }
-    let batch = input::decode_json_rows(flow, &refs, strict).map_err(|e| match e {
-        // The decoder counts this flow's rows; the event's index is the body's.
-        Error::Batch {
-            code,
-            flow,
-            row,
-            column,
-            message,
-        } => Error::Batch {
-            code,
-            flow,
-            row: kept.get(row).map_or(row, |k| k.0),
-            column,
-            message,
-        },
-        e => e,
-    })?;
-    let batch = with_hidden(&columns, &batch, &bytes, &kept, &positions)?;
-    Ok((batch, skipped))
+    let cols = build.finish(columns, &kept, strict)?;
+    let batch = with_hidden(columns, cols, &kept, &positions)?;
+    Ok(Some((batch, skipped)))
 }
 
-/// `batch` (the row decoder's) with its binary columns' bytes and the
-/// hidden op and position columns set.
+/// The source columns with the hidden op and position columns set.
 fn with_hidden(
     columns: &Columns,
-    batch: &RecordBatch,
-    bytes: &[Vec<Option<Vec<u8>>>],
+    mut cols: Vec<ArrayRef>,
     kept: &[(usize, Op)],
     positions: &[Position],
 ) -> Result<RecordBatch> {
-    let mut cols: Vec<ArrayRef> = batch.columns().to_vec();
-    for (b, &col) in columns.binary.iter().enumerate() {
-        cols[col] = Arc::new(BinaryArray::from_iter(
-            bytes.iter().map(|row| row[b].as_deref()),
-        ));
-    }
     let hidden = columns.types.len();
     cols[hidden] = Arc::new(StringArray::from_iter_values(
         kept.iter().map(|k| k.1.code()),

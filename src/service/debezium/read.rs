@@ -314,6 +314,11 @@ impl RowSchema {
         RowSchema { fields, index }
     }
 
+    /// Each field's name and Connect schema, in the schema's order.
+    pub(super) fn fields(&self) -> impl Iterator<Item = (&str, &Value)> {
+        self.fields.iter().map(|(n, v)| (n.as_str(), v))
+    }
+
     pub(super) fn get(&self, name: &str) -> Option<&Value> {
         self.index.get(name).map(|&i| &self.fields[i].1)
     }
