@@ -340,7 +340,10 @@ columns = [
         ]
     }
 
-    fn body(events: &[(i64, bool, Vec<(String, String)>)], n: Option<&str>) -> String {
+    /// An event: its key, whether it is a delete, its image's fields.
+    type Event = (i64, bool, Vec<(String, String)>);
+
+    fn body(events: &[Event], n: Option<&str>) -> String {
         let schema = n.map(|n| {
             let row = format!(
                 r#"{{"type": "struct", "optional": true, "fields": [{{"type": "int64", "optional": false, "field": "id"}}, {n}]}}"#
