@@ -12,13 +12,12 @@ use iceberg::spec::{
 };
 
 use super::Engine;
-use super::marker::{
-    PROP_FLOW, PROP_TRACK_HISTORY, current_chain, follow, our_latest, our_latest_schema,
-};
+use super::marker::{PROP_FLOW, PROP_TRACK_HISTORY, follow, our_latest, our_latest_schema};
 use crate::core::evolve::{self, Evolution, Refusal, Rules};
 use crate::core::flow::{END_AT, Flow, START_AT};
 use crate::error::{Error, Result, codes};
 use crate::table::catalog::{Catalog, TableState};
+use crate::table::maintain::ancestors;
 use crate::table::state_table;
 
 /// The schema changes a definition makes to an existing target and its state table.
@@ -69,7 +68,7 @@ fn check_owner(flow: &Flow, target: &TableState, state: Option<&TableState>) -> 
             o.clone(),
             format!("the {PROP_FLOW} property of {}", state.ident),
         )),
-        None => current_chain(&target.metadata)
+        None => ancestors(&target.metadata, target.metadata.current_snapshot_id())
             .take(MAX_OWNER_WALK)
             .find_map(|s| s.summary().additional_properties.get(PROP_FLOW).cloned())
             .map(|o| (o, "its latest autocdc snapshot".to_string())),

@@ -17,6 +17,7 @@ use crate::core::history::Folding;
 use crate::core::offsets::{self, Offsets, PROP_INPUT_OFFSETS};
 use crate::core::resolve::Codec;
 use crate::error::{Error, Result, codes};
+use crate::table::maintain::ancestors;
 
 pub const PROP_FLOW: &str = "autocdc.flow";
 pub const PROP_STATE_SNAPSHOT: &str = "autocdc.state-snapshot-id";
@@ -49,7 +50,7 @@ pub(super) fn our_latest(
     flow: &str,
 ) -> (Option<HashMap<String, String>>, bool) {
     let mut foreign = false;
-    for s in current_chain(meta) {
+    for s in ancestors(meta, meta.current_snapshot_id()) {
         if written_by(s, flow) {
             return (Some(s.summary().additional_properties.clone()), foreign);
         }
@@ -60,7 +61,7 @@ pub(super) fn our_latest(
 
 /// The id of the latest snapshot of the target this flow wrote.
 pub(super) fn our_latest_id(meta: &TableMetadata, flow: &str) -> Option<i64> {
-    current_chain(meta)
+    ancestors(meta, meta.current_snapshot_id())
         .find(|s| written_by(s, flow))
         .map(|s| s.snapshot_id())
 }
@@ -77,29 +78,6 @@ fn written_by(s: &iceberg::spec::Snapshot, flow: &str) -> bool {
         .get(PROP_FLOW)
         .map(String::as_str)
         == Some(flow)
-}
-
-/// The current snapshot and its ancestors, newest first.
-pub(super) fn current_chain(
-    meta: &TableMetadata,
-) -> impl Iterator<Item = &iceberg::spec::SnapshotRef> + '_ {
-    parent_chain(meta, meta.current_snapshot().map(|s| s.snapshot_id()))
-}
-
-/// The snapshots from `from` back through their parents, newest first.
-/// Bounded by the table's snapshot count: a chain has no cycle, but a
-/// hand-edited table might.
-fn parent_chain(
-    meta: &TableMetadata,
-    from: Option<i64>,
-) -> impl Iterator<Item = &iceberg::spec::SnapshotRef> + '_ {
-    let mut next = from;
-    std::iter::from_fn(move || {
-        let s = meta.snapshot_by_id(next?)?;
-        next = s.parent_snapshot_id();
-        Some(s)
-    })
-    .take(meta.snapshots().len())
 }
 
 /// The truncate floor as a JSON object of the sequence columns, so it reads
@@ -324,7 +302,7 @@ impl Engine {
     /// The lease epoch of the target's latest snapshot that records one
     /// (maintenance snapshots do not), and who held it.
     pub fn lease_of(metadata: &TableMetadata) -> Option<(u64, String)> {
-        current_chain(metadata).find_map(|s| {
+        ancestors(metadata, metadata.current_snapshot_id()).find_map(|s| {
             let props = &s.summary().additional_properties;
             let e = props.get(PROP_LEASE_EPOCH)?.parse().ok()?;
             Some((e, props.get(PROP_COMMITTER).cloned().unwrap_or_default()))
