@@ -13,8 +13,8 @@ use bytes::Bytes;
 use futures::StreamExt;
 use iceberg::io::FileIO;
 use iceberg::spec::{
-    MAIN_BRANCH, ManifestContentType, ManifestStatus, SnapshotReference, SnapshotRetention,
-    TableMetadata,
+    MAIN_BRANCH, ManifestContentType, ManifestStatus, SnapshotRef, SnapshotReference,
+    SnapshotRetention, TableMetadata,
 };
 use iceberg::{TableRequirement, TableUpdate};
 use serde::{Deserialize, Serialize};
@@ -139,6 +139,19 @@ impl MergePolicy {
     }
 }
 
+/// The snapshot `from` and its ancestors through their parents, newest
+/// first: the one walk up a table's snapshot chain. Bounded by the table's
+/// snapshot count: a chain has no cycle, but a hand-edited table might.
+pub fn ancestors(meta: &TableMetadata, from: Option<i64>) -> impl Iterator<Item = &SnapshotRef> {
+    let mut next = from;
+    std::iter::from_fn(move || {
+        let s = meta.snapshot_by_id(next?)?;
+        next = s.parent_snapshot_id();
+        Some(s)
+    })
+    .take(meta.snapshots().len())
+}
+
 /// The snapshots that expire at `now_ms`, as Java's `RemoveSnapshots`
 /// decides: each branch keeps its head's ancestors while they are younger
 /// than its age limit or fewer than its minimum count (a branch's own
@@ -170,12 +183,8 @@ pub fn expirable(
             .unwrap_or(table.min_keep);
         let older_than = now_ms - max_snapshot_age_ms.unwrap_or(table.max_age_ms);
         let mut kept = 0;
-        let mut cur = meta.snapshot_by_id(reference.snapshot_id);
-        // Bounded: a chain has no cycle, but a corrupt one must not loop.
-        let mut steps = meta.snapshots().len();
         let mut over_count = false;
-        while let Some(s) = cur.filter(|_| steps > 0) {
-            steps -= 1;
+        for s in ancestors(meta, Some(reference.snapshot_id)) {
             if over_count {
                 cut.insert(s.snapshot_id());
             } else if kept < min_keep || (s.timestamp_ms() >= older_than && kept < table.max_count)
@@ -189,7 +198,6 @@ pub fn expirable(
             } else {
                 break;
             }
-            cur = s.parent_snapshot_id().and_then(|p| meta.snapshot_by_id(p));
         }
     }
     let older_than = now_ms - table.max_age_ms;
@@ -666,6 +674,65 @@ mod tests {
         assert_eq!(back.files[0].path, p.files[0].path);
         assert_eq!(back.files[0].size, 42);
         assert!(Pending::decode(b"not avro").is_err());
+    }
+
+    /// A table of snapshots 1..=n, each the child of the one before;
+    /// snapshot 1's parent is `first_parent`.
+    fn chain(n: i64, first_parent: Option<i64>) -> TableMetadata {
+        let snapshots: Vec<serde_json::Value> = (1..=n)
+            .map(|id| {
+                let mut s = serde_json::json!({
+                    "snapshot-id": id,
+                    "timestamp-ms": 1_000 * id,
+                    "sequence-number": id,
+                    "summary": {"operation": "append"},
+                    "manifest-list": format!("s3://b/t/metadata/snap-{id}.avro"),
+                });
+                if let Some(p) = if id == 1 { first_parent } else { Some(id - 1) } {
+                    s["parent-snapshot-id"] = p.into();
+                }
+                s
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "format-version": 2,
+            "table-uuid": "9c12d441-03fe-4693-9a96-a0705ddf69c1",
+            "location": "s3://b/t",
+            "last-sequence-number": n,
+            "last-updated-ms": 1_000 * n,
+            "last-column-id": 1,
+            "current-schema-id": 0,
+            "schemas": [{"type": "struct", "schema-id": 0, "fields": [
+                {"id": 1, "name": "x", "required": true, "type": "long"}
+            ]}],
+            "default-spec-id": 0,
+            "partition-specs": [{"spec-id": 0, "fields": []}],
+            "last-partition-id": 999,
+            "default-sort-order-id": 0,
+            "sort-orders": [{"order-id": 0, "fields": []}],
+            "properties": {},
+            "current-snapshot-id": n,
+            "snapshots": snapshots,
+            "snapshot-log": [],
+            "metadata-log": []
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_walk_up_the_parents_is_newest_first_and_bounded() {
+        let walk = |meta: &TableMetadata, from: Option<i64>| -> Vec<i64> {
+            ancestors(meta, from).map(|s| s.snapshot_id()).collect()
+        };
+        let meta = chain(3, None);
+        assert_eq!(walk(&meta, meta.current_snapshot_id()), [3, 2, 1]);
+        assert_eq!(walk(&meta, Some(2)), [2, 1]);
+        assert!(walk(&meta, None).is_empty());
+        assert!(walk(&meta, Some(7)).is_empty());
+        // A parent that is not in the table ends the chain.
+        assert_eq!(walk(&chain(2, Some(7)), Some(2)), [2, 1]);
+        // A hand-edited table whose chain loops: each snapshot once, then it stops.
+        assert_eq!(walk(&chain(3, Some(3)), Some(3)), [3, 2, 1]);
     }
 
     #[test]
