@@ -213,7 +213,9 @@ fn maintenance_on_s3_expires_and_cleans_orphans() {
             .put(&stray, bytes::Bytes::from_static(b"x"))
             .await
             .unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+        // S3 listings may give modification times to the second, so the
+        // window (2 s) leaves a whole second of margin on either side.
+        tokio::time::sleep(std::time::Duration::from_millis(3100)).await;
         let young = format!("{location}/data/young.parquet");
         storage
             .put(&young, bytes::Bytes::from_static(b"y"))
@@ -223,7 +225,7 @@ fn maintenance_on_s3_expires_and_cleans_orphans() {
             .maintain(&MaintainOptions {
                 now_ms: autocdc::service::now_ms(),
                 dry_run: false,
-                orphans_older_than: Some(std::time::Duration::from_secs(1)),
+                orphans_older_than: Some(std::time::Duration::from_secs(2)),
                 compact: false,
             })
             .await
