@@ -89,6 +89,9 @@ pub struct BatchStats {
     /// For a snapshot `rows_in = upserts + unchanged`, and `deletes` counts
     /// the keys it no longer has.
     pub unchanged: u64,
+    /// Rows written with a Debezium placeholder (`toasted_columns`) that
+    /// had no earlier value to keep: written as null.
+    pub placeholders_unfilled: u64,
 }
 
 impl BatchStats {
@@ -105,6 +108,7 @@ impl BatchStats {
         self.truncates += o.truncates;
         self.truncated += o.truncated;
         self.unchanged += o.unchanged;
+        self.placeholders_unfilled += o.placeholders_unfilled;
     }
 }
 

@@ -39,7 +39,7 @@ fn flow_families(out: &mut String, statuses: &[(String, FlowStatus)]) {
         &'static str,
         fn(&FlowStatus) -> f64,
     );
-    let counters: [Metric; 44] = [
+    let counters: [Metric; 45] = [
         (
             "autocdc_rows_in_total",
             "counter",
@@ -75,6 +75,12 @@ fn flow_families(out: &mut String, statuses: &[(String, FlowStatus)]) {
             "counter",
             "Two different changes of one key met at one sequence.",
             |s| s.counters.ties as f64,
+        ),
+        (
+            "autocdc_placeholders_unfilled_total",
+            "counter",
+            "Rows written with a Debezium placeholder that had no earlier value (written as null).",
+            |s| s.counters.placeholders_unfilled as f64,
         ),
         (
             "autocdc_accepted_batches_total",

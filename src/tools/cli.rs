@@ -595,6 +595,9 @@ fn stats_line(s: &BatchStats) -> String {
     if s.unchanged > 0 {
         line += &format!(" unchanged={}", s.unchanged);
     }
+    if s.placeholders_unfilled > 0 {
+        line += &format!(" placeholders_unfilled={}", s.placeholders_unfilled);
+    }
     line
 }
 

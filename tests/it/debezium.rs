@@ -427,7 +427,8 @@ fn toasted_cfg(extra: &str) -> FlowConfig {
 }
 
 /// SCD Type 2: the version an untouched TOASTed value opens keeps it; a
-/// placeholder with no earlier value (its insert not seen) is a null; the
+/// placeholder with no earlier value (its insert not seen) is a null, and
+/// counted in `placeholders_unfilled`; the
 /// settings that would make a null mean "unchanged" are refused.
 #[test]
 fn placeholders_in_history_and_without_an_earlier_value() {
@@ -443,8 +444,11 @@ fn placeholders_in_history_and_without_an_earlier_value() {
         None,
         5,
     );
-    sim.apply(&decode(&flow, &[upd.clone()])).unwrap();
-    sim.apply(&decode(&flow, &[ins])).unwrap();
+    // Before its insert arrives the update has no earlier value: counted.
+    let st = sim.apply(&decode(&flow, &[upd.clone()])).unwrap();
+    assert_eq!(st.placeholders_unfilled, 1, "{st:?}");
+    let st = sim.apply(&decode(&flow, &[ins])).unwrap();
+    assert_eq!(st.placeholders_unfilled, 0, "{st:?}");
     let names: BTreeSet<(String, String)> = sim
         .table()
         .into_iter()
@@ -461,8 +465,9 @@ fn placeholders_in_history_and_without_an_earlier_value() {
     // No earlier value: a null.
     let flow = Flow::new(toasted_cfg("")).unwrap();
     let mut sim = common::scd::HistSim::new(flow.clone());
-    sim.apply(&decode(&flow, &[upd])).unwrap();
+    let st = sim.apply(&decode(&flow, &[upd])).unwrap();
     assert_eq!(sim.table(), common::rows(&[&["1", "NULL", "0.20"]]));
+    assert_eq!(st.placeholders_unfilled, 1, "{st:?}");
     let e = Flow::new(toasted_cfg("ignore_null_updates = true")).unwrap_err();
     assert!(e.to_string().contains("ignore_null_updates"), "{e}");
     let e = Flow::new(

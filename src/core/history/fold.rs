@@ -203,6 +203,8 @@ pub struct Version {
     from: usize,
     /// Values merged from several upserts (`ignore_null_updates`).
     merged: Option<Vals>,
+    /// A Debezium placeholder with no earlier value became a null here.
+    pub unfilled: bool,
 }
 
 impl Version {
@@ -239,6 +241,7 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
             continue;
         }
         let ev = e.vals();
+        let mut unfilled = false;
         let merged: Option<Vals> = match &cur {
             Some(v) if ignoring && (0..ev.len()).any(|c| hc.keeps(c, ev.get(c))) => {
                 let prev = v.vals(events);
@@ -252,6 +255,7 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
             }
             // A placeholder with no earlier value is a null.
             None if ignoring && (0..ev.len()).any(|c| hc.placeholder(c, ev.get(c))) => {
+                unfilled = true;
                 Some(Vals::new(ev.iter().enumerate().map(|(c, b)| {
                     if hc.placeholder(c, b) {
                         &*hc.nulls[c]
@@ -271,6 +275,7 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
             Some(v) if same => {
                 v.from = i;
                 v.merged = merged;
+                v.unfilled = unfilled;
                 if !hc.scd2 {
                     v.anchor = i;
                 }
@@ -286,6 +291,7 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
                     anchor: i,
                     from: i,
                     merged,
+                    unfilled,
                 });
             }
         }

@@ -64,6 +64,7 @@ pub fn rebuild(hc: &HistCodec, hist: &History) -> Plan {
         let mut pending = Vec::new();
         for v in fold(hc, &events) {
             pending.push((v.anchor, plan.inserts.len() as u32));
+            plan.stats.placeholders_unfilled += u64::from(v.unfilled);
             plan.inserts.push(to_out(key, &events, &v));
         }
         for e in &mut events {
@@ -133,6 +134,7 @@ pub(super) fn rewrite_rows(
             continue;
         }
         pending.push((v.anchor, plan.inserts.len() as u32));
+        plan.stats.placeholders_unfilled += u64::from(v.unfilled);
         plan.inserts.push(to_out(key, events, v));
     }
     for (_, v, matched) in &olds {
