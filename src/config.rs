@@ -398,12 +398,6 @@ impl ServerConfig {
     pub fn shutdown_grace(&self) -> Result<Duration> {
         parse_duration_setting("server.shutdown_grace", &self.shutdown_grace)
     }
-    pub fn limits(&self) -> crate::service::input::Limits {
-        crate::service::input::Limits {
-            max_rows: self.max_rows_per_request.max(1),
-            max_value_bytes: self.max_body_bytes,
-        }
-    }
     pub fn idempotency_window(&self) -> Result<Duration> {
         parse_duration_setting("server.idempotency_window", &self.idempotency_window)
     }

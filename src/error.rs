@@ -2,8 +2,6 @@
 //! (`Error::code`), says what was wrong and, where there is one, the fix.
 //! Only `main` (and later the HTTP layer) turns these into exit codes or responses.
 
-use crate::core::predicate::PredicateError;
-
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
@@ -130,7 +128,9 @@ impl Error {
         }
     }
 
-    pub(crate) fn from_predicate(flow: &str, e: PredicateError) -> Self {
+    /// A definition error from an error that carries its own stable code
+    /// (a sequence or predicate expression's).
+    pub(crate) fn from_predicate(flow: &str, e: impl Coded) -> Self {
         Error::Definition {
             code: e.code(),
             flow: flow.to_string(),
@@ -139,15 +139,24 @@ impl Error {
     }
 }
 
+/// An error of a lower part that carries its stable code (one of `codes`).
+pub trait Coded: std::fmt::Display {
+    fn code(&self) -> &'static str;
+}
+
+impl From<crate::fault::FaultPoint> for Error {
+    fn from(point: crate::fault::FaultPoint) -> Self {
+        Error::InjectedFault(point)
+    }
+}
+
 /// Stable codes, each once. `REGISTRY` gives each its HTTP status and
 /// meaning; the error table of docs/errors.md is checked against it.
 pub mod codes {
-    use crate::core::predicate::codes as expression;
-
     // A flow definition that cannot be used (400).
     pub const EMPTY_KEYS: &str = "AUTOCDC_EMPTY_KEYS";
-    pub const COLUMNS_NOT_FOUND: &str = expression::UNKNOWN_COLUMN;
-    pub const MULTIPART_IDENTIFIER: &str = expression::MULTIPART;
+    pub const COLUMNS_NOT_FOUND: &str = "AUTOCDC_COLUMNS_NOT_FOUND_IN_SCHEMA";
+    pub const MULTIPART_IDENTIFIER: &str = "AUTOCDC_MULTIPART_COLUMN_IDENTIFIER";
     pub const RESERVED_COLUMN: &str = "AUTOCDC_RESERVED_COLUMN_NAME_CONFLICT";
     pub const INVALID_SELECTION: &str = "AUTOCDC_INVALID_COLUMN_SELECTION";
     pub const NON_ORDERABLE_SEQUENCE: &str = "AUTOCDC_NON_ORDERABLE_SEQUENCE";
@@ -156,11 +165,11 @@ pub mod codes {
     pub const TRUNCATE_SCD2: &str = "AUTOCDC_TRUNCATE_SCD2_NOT_SUPPORTED";
     pub const NOT_A_SNAPSHOT_FLOW: &str = "AUTOCDC_SNAPSHOT_FLOW_MISMATCH";
     pub const TARGET_IN_USE: &str = "AUTOCDC_TARGET_IN_USE";
-    pub const EXPRESSION_PARSE: &str = expression::PARSE;
-    pub const EXPRESSION_UNSUPPORTED: &str = expression::UNSUPPORTED;
-    pub const EXPRESSION_TYPE: &str = expression::TYPE;
-    pub const EXPRESSION_TOO_LARGE: &str = expression::TOO_LARGE;
-    pub const EXPRESSION_EVAL: &str = expression::EVAL;
+    pub const EXPRESSION_PARSE: &str = "AUTOCDC_INVALID_EXPRESSION.PARSE";
+    pub const EXPRESSION_UNSUPPORTED: &str = "AUTOCDC_INVALID_EXPRESSION.UNSUPPORTED";
+    pub const EXPRESSION_TYPE: &str = "AUTOCDC_INVALID_EXPRESSION.TYPE";
+    pub const EXPRESSION_TOO_LARGE: &str = "AUTOCDC_INVALID_EXPRESSION.TOO_LARGE";
+    pub const EXPRESSION_EVAL: &str = "AUTOCDC_INVALID_EXPRESSION.EVAL";
     pub const CONFIG: &str = "AUTOCDC_CONFIG";
 
     // A batch refused whole.

@@ -3,8 +3,6 @@
 
 use std::sync::Mutex;
 
-use crate::error::{Error, Result};
-
 /// The steps of one commit, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FaultPoint {
@@ -73,7 +71,10 @@ impl Faults {
             .push((point, nth, true));
     }
 
-    pub fn hit(&self, point: FaultPoint) -> Result<()> {
+    /// The point, when a fault fires here (`crate::error::Error` converts
+    /// from it: `InjectedFault`). A leaf: the error type knows faults, not
+    /// the other way round.
+    pub fn hit(&self, point: FaultPoint) -> Result<(), FaultPoint> {
         let mut fire = None;
         self.armed
             .lock()
@@ -91,7 +92,7 @@ impl Faults {
             });
         match fire {
             None => Ok(()),
-            Some(false) => Err(Error::InjectedFault(point)),
+            Some(false) => Err(point),
             Some(true) => panic!("injected panic at {point:?}"),
         }
     }

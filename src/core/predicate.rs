@@ -91,13 +91,14 @@ pub const MAX_SQL_OPERATORS: usize = 10_000;
 /// The codes of expression errors (registered in `crate::error::REGISTRY`;
 /// defined here so this module stays free of the crate).
 pub mod codes {
-    pub const PARSE: &str = "AUTOCDC_INVALID_EXPRESSION.PARSE";
-    pub const MULTIPART: &str = "AUTOCDC_MULTIPART_COLUMN_IDENTIFIER";
-    pub const UNKNOWN_COLUMN: &str = "AUTOCDC_COLUMNS_NOT_FOUND_IN_SCHEMA";
-    pub const UNSUPPORTED: &str = "AUTOCDC_INVALID_EXPRESSION.UNSUPPORTED";
-    pub const TYPE: &str = "AUTOCDC_INVALID_EXPRESSION.TYPE";
-    pub const EVAL: &str = "AUTOCDC_INVALID_EXPRESSION.EVAL";
-    pub const TOO_LARGE: &str = "AUTOCDC_INVALID_EXPRESSION.TOO_LARGE";
+    use crate::error::codes as all;
+    pub const PARSE: &str = all::EXPRESSION_PARSE;
+    pub const MULTIPART: &str = all::MULTIPART_IDENTIFIER;
+    pub const UNKNOWN_COLUMN: &str = all::COLUMNS_NOT_FOUND;
+    pub const UNSUPPORTED: &str = all::EXPRESSION_UNSUPPORTED;
+    pub const TYPE: &str = all::EXPRESSION_TYPE;
+    pub const EVAL: &str = all::EXPRESSION_EVAL;
+    pub const TOO_LARGE: &str = all::EXPRESSION_TOO_LARGE;
 }
 
 impl PredicateError {
@@ -112,6 +113,12 @@ impl PredicateError {
             Self::Eval { .. } => codes::EVAL,
             Self::TooLarge { .. } => codes::TOO_LARGE,
         }
+    }
+}
+
+impl crate::error::Coded for PredicateError {
+    fn code(&self) -> &'static str {
+        PredicateError::code(self)
     }
 }
 

@@ -123,7 +123,7 @@ const MAX_DEFINITION_BYTES: usize = 1 << 20;
 impl NatsDefinitions {
     pub async fn open(js: &jetstream::Context, prefix: &str, replicas: usize) -> Result<Self> {
         let bucket = format!("{prefix}_FLOWS");
-        let store = crate::service::nats_log::key_value(
+        let store = crate::service::nats_conn::key_value(
             js,
             kv::Config {
                 bucket: bucket.clone(),
@@ -162,7 +162,7 @@ fn change(entry: kv::Entry) -> Change {
 #[async_trait::async_trait]
 impl Definitions for NatsDefinitions {
     async fn load(&self) -> Result<Loaded> {
-        crate::service::nats_log::retrying("loading the flow definitions", || self.load_once())
+        crate::service::nats_conn::retrying("loading the flow definitions", || self.load_once())
             .await
     }
 

@@ -88,7 +88,7 @@ impl Leases {
             num_replicas: replicas,
             ..Default::default()
         };
-        let open = |name: &str| crate::service::nats_log::key_value(js, bucket(name));
+        let open = |name: &str| crate::service::nats_conn::key_value(js, bucket(name));
         let leases = Leases {
             leases: open("LEASES").await?,
             instances: open("INSTANCES").await?,

@@ -31,289 +31,293 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
+/// A family read from each flow's status: name, type, help, the reading.
+type Metric = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&FlowStatus) -> f64,
+);
+
 /// The families read from each flow's status, one sample per flow.
+const FLOW_METRICS: [Metric; 45] = [
+    (
+        "autocdc_rows_in_total",
+        "counter",
+        "Changes read from the flow's committed batches.",
+        |s| s.counters.rows_in as f64,
+    ),
+    (
+        "autocdc_upserts_total",
+        "counter",
+        "Changes applied as upserts.",
+        |s| s.counters.upserts as f64,
+    ),
+    (
+        "autocdc_deletes_total",
+        "counter",
+        "Changes applied as deletes.",
+        |s| s.counters.deletes as f64,
+    ),
+    (
+        "autocdc_stale_total",
+        "counter",
+        "Changes older than the key's latest, not applied.",
+        |s| s.counters.stale as f64,
+    ),
+    (
+        "autocdc_duplicates_total",
+        "counter",
+        "Changes equal to one already applied at their sequence.",
+        |s| s.counters.duplicates as f64,
+    ),
+    (
+        "autocdc_ties_total",
+        "counter",
+        "Two different changes of one key met at one sequence.",
+        |s| s.counters.ties as f64,
+    ),
+    (
+        "autocdc_placeholders_unfilled_total",
+        "counter",
+        "Rows written with a Debezium placeholder that had no earlier value (written as null).",
+        |s| s.counters.placeholders_unfilled as f64,
+    ),
+    (
+        "autocdc_accepted_batches_total",
+        "counter",
+        "Pushed batches made durable and acknowledged.",
+        |s| s.accepted_batches as f64,
+    ),
+    (
+        "autocdc_rejected_batches_total",
+        "counter",
+        "Pushed batches refused (nothing of them applied).",
+        |s| s.rejected_batches as f64,
+    ),
+    (
+        "autocdc_commits_total",
+        "counter",
+        "Commits to the target that landed.",
+        |s| s.commits as f64,
+    ),
+    (
+        "autocdc_pending_rows",
+        "gauge",
+        "Acknowledged rows not committed yet.",
+        |s| s.pending_rows as f64,
+    ),
+    (
+        "autocdc_pending_bytes",
+        "gauge",
+        "Acknowledged bytes not committed yet.",
+        |s| s.pending_bytes as f64,
+    ),
+    (
+        "autocdc_wal_bytes",
+        "gauge",
+        "Bytes in the flow's local log.",
+        |s| s.wal.bytes as f64,
+    ),
+    (
+        "autocdc_wal_max_bytes",
+        "gauge",
+        "The local log's limit (max_log_bytes).",
+        |s| s.wal.max_bytes as f64,
+    ),
+    (
+        "autocdc_wal_segments",
+        "gauge",
+        "Segment files of the flow's local log.",
+        |s| s.wal.segments as f64,
+    ),
+    (
+        "autocdc_wal_oldest_record_age_seconds",
+        "gauge",
+        "Age of the oldest record the log retains.",
+        |s| s.log_oldest_age_ms.unwrap_or(0) as f64 / 1e3,
+    ),
+    (
+        "autocdc_wal_early_released_segments_total",
+        "counter",
+        "Log segments released early, their records committed.",
+        |s| s.wal.early_released_segments as f64,
+    ),
+    (
+        "autocdc_wal_write_failures_total",
+        "counter",
+        "Local log writes that failed.",
+        |s| s.wal.write_failures as f64,
+    ),
+    (
+        "autocdc_wal_failing",
+        "gauge",
+        "1 while the local log cannot be written.",
+        |s| s.wal.failing as u8 as f64,
+    ),
+    (
+        "autocdc_dead_letters",
+        "gauge",
+        "Acknowledged records that can never be applied.",
+        |s| s.dead_letters as f64,
+    ),
+    (
+        "autocdc_schema_id",
+        "gauge",
+        "The target's current schema id.",
+        |s| s.schema_id as f64,
+    ),
+    (
+        "autocdc_partition_spec_id",
+        "gauge",
+        "The target's current partition spec id.",
+        |s| s.partition_spec_id as f64,
+    ),
+    (
+        "autocdc_schema_evolutions_total",
+        "counter",
+        "Schema changes made to the target.",
+        |s| s.schema_evolutions as f64,
+    ),
+    (
+        "autocdc_idempotency_window_seconds",
+        "gauge",
+        "How long an Idempotency-Key is remembered.",
+        |s| s.idempotency_window_ms as f64 / 1e3,
+    ),
+    (
+        "autocdc_commit_duration_recent_p50_seconds",
+        "gauge",
+        "Median duration of the recent commits.",
+        |s| s.recent_commit_ms_p50.unwrap_or(0.0) / 1e3,
+    ),
+    (
+        "autocdc_log_append_duration_recent_p50_seconds",
+        "gauge",
+        "Median duration of the recent log appends.",
+        |s| s.recent_append_ms_p50.unwrap_or(0.0) / 1e3,
+    ),
+    (
+        "autocdc_log_append_duration_recent_p99_seconds",
+        "gauge",
+        "99th percentile duration of the recent log appends.",
+        |s| s.recent_append_ms_p99.unwrap_or(0.0) / 1e3,
+    ),
+    (
+        "autocdc_log_lag_batches",
+        "gauge",
+        "Batches in the shared log this instance has not read yet.",
+        |s| s.log_lag_batches as f64,
+    ),
+    // On a shared log: 1 while this instance holds the flow's lease.
+    (
+        "autocdc_lease_held",
+        "gauge",
+        "On a shared log: 1 while this instance holds the flow's lease.",
+        |s| s.lease.as_ref().is_some_and(|l| l.held_here) as u8 as f64,
+    ),
+    (
+        "autocdc_lease_changes_total",
+        "counter",
+        "Times the flow's lease changed hands.",
+        |s| s.lease.as_ref().map_or(0, |l| l.changes) as f64,
+    ),
+    (
+        "autocdc_state_keys",
+        "gauge",
+        "Keys in the flow's sequence state (live and tombstones).",
+        |s| s.state_keys as f64,
+    ),
+    (
+        "autocdc_committed_offset",
+        "gauge",
+        "Offset of the log recorded in the target's latest snapshot.",
+        |s| s.committed_offset as f64,
+    ),
+    (
+        "autocdc_maintenance_runs_total",
+        "counter",
+        "Maintenance runs.",
+        |s| s.maintenance.runs as f64,
+    ),
+    (
+        "autocdc_maintenance_failures_total",
+        "counter",
+        "Maintenance runs that failed.",
+        |s| s.maintenance.failures as f64,
+    ),
+    // 1 when the last run succeeded, 0 when it failed (or none ran yet).
+    (
+        "autocdc_maintenance_last_ok",
+        "gauge",
+        "1 when the last maintenance run succeeded, 0 when it failed or none ran.",
+        |s| (s.maintenance.runs > 0 && s.maintenance.last_error.is_none()) as u8 as f64,
+    ),
+    (
+        "autocdc_maintenance_last_run_timestamp_seconds",
+        "gauge",
+        "Unix time of the last maintenance run.",
+        |s| s.maintenance.last_run_ms.unwrap_or(0) as f64 / 1e3,
+    ),
+    (
+        "autocdc_maintenance_snapshots_expired_total",
+        "counter",
+        "Snapshots expired by maintenance.",
+        |s| s.maintenance.snapshots_expired_total as f64,
+    ),
+    (
+        "autocdc_maintenance_files_deleted_total",
+        "counter",
+        "Files deleted by maintenance.",
+        |s| s.maintenance.files_deleted_total as f64,
+    ),
+    (
+        "autocdc_maintenance_bytes_deleted_total",
+        "counter",
+        "Bytes of the files deleted by maintenance.",
+        |s| s.maintenance.bytes_deleted_total as f64,
+    ),
+    (
+        "autocdc_compactions_total",
+        "counter",
+        "Compaction runs that rewrote files.",
+        |s| s.maintenance.compactions as f64,
+    ),
+    (
+        "autocdc_compaction_files_rewritten_total",
+        "counter",
+        "Data files rewritten by compaction.",
+        |s| s.maintenance.compaction_files_rewritten_total as f64,
+    ),
+    (
+        "autocdc_compaction_bytes_read_total",
+        "counter",
+        "Bytes read by compaction.",
+        |s| s.maintenance.compaction_bytes_read_total as f64,
+    ),
+    (
+        "autocdc_compaction_bytes_written_total",
+        "counter",
+        "Bytes written by compaction.",
+        |s| s.maintenance.compaction_bytes_written_total as f64,
+    ),
+    (
+        "autocdc_compaction_rows_moved_total",
+        "counter",
+        "Rows rewritten by compaction.",
+        |s| s.maintenance.compaction_rows_moved_total as f64,
+    ),
+    (
+        "autocdc_compaction_seconds_total",
+        "counter",
+        "Time spent compacting.",
+        |s| s.maintenance.compaction_seconds_total,
+    ),
+];
+
+/// `FLOW_METRICS`, one sample per flow.
 fn flow_families(out: &mut String, statuses: &[(String, FlowStatus)]) {
-    type Metric = (
-        &'static str,
-        &'static str,
-        &'static str,
-        fn(&FlowStatus) -> f64,
-    );
-    let counters: [Metric; 45] = [
-        (
-            "autocdc_rows_in_total",
-            "counter",
-            "Changes read from the flow's committed batches.",
-            |s| s.counters.rows_in as f64,
-        ),
-        (
-            "autocdc_upserts_total",
-            "counter",
-            "Changes applied as upserts.",
-            |s| s.counters.upserts as f64,
-        ),
-        (
-            "autocdc_deletes_total",
-            "counter",
-            "Changes applied as deletes.",
-            |s| s.counters.deletes as f64,
-        ),
-        (
-            "autocdc_stale_total",
-            "counter",
-            "Changes older than the key's latest, not applied.",
-            |s| s.counters.stale as f64,
-        ),
-        (
-            "autocdc_duplicates_total",
-            "counter",
-            "Changes equal to one already applied at their sequence.",
-            |s| s.counters.duplicates as f64,
-        ),
-        (
-            "autocdc_ties_total",
-            "counter",
-            "Two different changes of one key met at one sequence.",
-            |s| s.counters.ties as f64,
-        ),
-        (
-            "autocdc_placeholders_unfilled_total",
-            "counter",
-            "Rows written with a Debezium placeholder that had no earlier value (written as null).",
-            |s| s.counters.placeholders_unfilled as f64,
-        ),
-        (
-            "autocdc_accepted_batches_total",
-            "counter",
-            "Pushed batches made durable and acknowledged.",
-            |s| s.accepted_batches as f64,
-        ),
-        (
-            "autocdc_rejected_batches_total",
-            "counter",
-            "Pushed batches refused (nothing of them applied).",
-            |s| s.rejected_batches as f64,
-        ),
-        (
-            "autocdc_commits_total",
-            "counter",
-            "Commits to the target that landed.",
-            |s| s.commits as f64,
-        ),
-        (
-            "autocdc_pending_rows",
-            "gauge",
-            "Acknowledged rows not committed yet.",
-            |s| s.pending_rows as f64,
-        ),
-        (
-            "autocdc_pending_bytes",
-            "gauge",
-            "Acknowledged bytes not committed yet.",
-            |s| s.pending_bytes as f64,
-        ),
-        (
-            "autocdc_wal_bytes",
-            "gauge",
-            "Bytes in the flow's local log.",
-            |s| s.wal.bytes as f64,
-        ),
-        (
-            "autocdc_wal_max_bytes",
-            "gauge",
-            "The local log's limit (max_log_bytes).",
-            |s| s.wal.max_bytes as f64,
-        ),
-        (
-            "autocdc_wal_segments",
-            "gauge",
-            "Segment files of the flow's local log.",
-            |s| s.wal.segments as f64,
-        ),
-        (
-            "autocdc_wal_oldest_record_age_seconds",
-            "gauge",
-            "Age of the oldest record the log retains.",
-            |s| s.log_oldest_age_ms.unwrap_or(0) as f64 / 1e3,
-        ),
-        (
-            "autocdc_wal_early_released_segments_total",
-            "counter",
-            "Log segments released early, their records committed.",
-            |s| s.wal.early_released_segments as f64,
-        ),
-        (
-            "autocdc_wal_write_failures_total",
-            "counter",
-            "Local log writes that failed.",
-            |s| s.wal.write_failures as f64,
-        ),
-        (
-            "autocdc_wal_failing",
-            "gauge",
-            "1 while the local log cannot be written.",
-            |s| s.wal.failing as u8 as f64,
-        ),
-        (
-            "autocdc_dead_letters",
-            "gauge",
-            "Acknowledged records that can never be applied.",
-            |s| s.dead_letters as f64,
-        ),
-        (
-            "autocdc_schema_id",
-            "gauge",
-            "The target's current schema id.",
-            |s| s.schema_id as f64,
-        ),
-        (
-            "autocdc_partition_spec_id",
-            "gauge",
-            "The target's current partition spec id.",
-            |s| s.partition_spec_id as f64,
-        ),
-        (
-            "autocdc_schema_evolutions_total",
-            "counter",
-            "Schema changes made to the target.",
-            |s| s.schema_evolutions as f64,
-        ),
-        (
-            "autocdc_idempotency_window_seconds",
-            "gauge",
-            "How long an Idempotency-Key is remembered.",
-            |s| s.idempotency_window_ms as f64 / 1e3,
-        ),
-        (
-            "autocdc_commit_duration_recent_p50_seconds",
-            "gauge",
-            "Median duration of the recent commits.",
-            |s| s.recent_commit_ms_p50.unwrap_or(0.0) / 1e3,
-        ),
-        (
-            "autocdc_log_append_duration_recent_p50_seconds",
-            "gauge",
-            "Median duration of the recent log appends.",
-            |s| s.recent_append_ms_p50.unwrap_or(0.0) / 1e3,
-        ),
-        (
-            "autocdc_log_append_duration_recent_p99_seconds",
-            "gauge",
-            "99th percentile duration of the recent log appends.",
-            |s| s.recent_append_ms_p99.unwrap_or(0.0) / 1e3,
-        ),
-        (
-            "autocdc_log_lag_batches",
-            "gauge",
-            "Batches in the shared log this instance has not read yet.",
-            |s| s.log_lag_batches as f64,
-        ),
-        // On a shared log: 1 while this instance holds the flow's lease.
-        (
-            "autocdc_lease_held",
-            "gauge",
-            "On a shared log: 1 while this instance holds the flow's lease.",
-            |s| s.lease.as_ref().is_some_and(|l| l.held_here) as u8 as f64,
-        ),
-        (
-            "autocdc_lease_changes_total",
-            "counter",
-            "Times the flow's lease changed hands.",
-            |s| s.lease.as_ref().map_or(0, |l| l.changes) as f64,
-        ),
-        (
-            "autocdc_state_keys",
-            "gauge",
-            "Keys in the flow's sequence state (live and tombstones).",
-            |s| s.state_keys as f64,
-        ),
-        (
-            "autocdc_committed_offset",
-            "gauge",
-            "Offset of the log recorded in the target's latest snapshot.",
-            |s| s.committed_offset as f64,
-        ),
-        (
-            "autocdc_maintenance_runs_total",
-            "counter",
-            "Maintenance runs.",
-            |s| s.maintenance.runs as f64,
-        ),
-        (
-            "autocdc_maintenance_failures_total",
-            "counter",
-            "Maintenance runs that failed.",
-            |s| s.maintenance.failures as f64,
-        ),
-        // 1 when the last run succeeded, 0 when it failed (or none ran yet).
-        (
-            "autocdc_maintenance_last_ok",
-            "gauge",
-            "1 when the last maintenance run succeeded, 0 when it failed or none ran.",
-            |s| (s.maintenance.runs > 0 && s.maintenance.last_error.is_none()) as u8 as f64,
-        ),
-        (
-            "autocdc_maintenance_last_run_timestamp_seconds",
-            "gauge",
-            "Unix time of the last maintenance run.",
-            |s| s.maintenance.last_run_ms.unwrap_or(0) as f64 / 1e3,
-        ),
-        (
-            "autocdc_maintenance_snapshots_expired_total",
-            "counter",
-            "Snapshots expired by maintenance.",
-            |s| s.maintenance.snapshots_expired_total as f64,
-        ),
-        (
-            "autocdc_maintenance_files_deleted_total",
-            "counter",
-            "Files deleted by maintenance.",
-            |s| s.maintenance.files_deleted_total as f64,
-        ),
-        (
-            "autocdc_maintenance_bytes_deleted_total",
-            "counter",
-            "Bytes of the files deleted by maintenance.",
-            |s| s.maintenance.bytes_deleted_total as f64,
-        ),
-        (
-            "autocdc_compactions_total",
-            "counter",
-            "Compaction runs that rewrote files.",
-            |s| s.maintenance.compactions as f64,
-        ),
-        (
-            "autocdc_compaction_files_rewritten_total",
-            "counter",
-            "Data files rewritten by compaction.",
-            |s| s.maintenance.compaction_files_rewritten_total as f64,
-        ),
-        (
-            "autocdc_compaction_bytes_read_total",
-            "counter",
-            "Bytes read by compaction.",
-            |s| s.maintenance.compaction_bytes_read_total as f64,
-        ),
-        (
-            "autocdc_compaction_bytes_written_total",
-            "counter",
-            "Bytes written by compaction.",
-            |s| s.maintenance.compaction_bytes_written_total as f64,
-        ),
-        (
-            "autocdc_compaction_rows_moved_total",
-            "counter",
-            "Rows rewritten by compaction.",
-            |s| s.maintenance.compaction_rows_moved_total as f64,
-        ),
-        (
-            "autocdc_compaction_seconds_total",
-            "counter",
-            "Time spent compacting.",
-            |s| s.maintenance.compaction_seconds_total,
-        ),
-    ];
-    for (name, kind, help, f) in counters {
+    for (name, kind, help, f) in FLOW_METRICS {
         family(out, name, kind, help);
         for (flow, s) in statuses {
             let _ = writeln!(out, "{name}{{flow=\"{flow}\"}} {}", f(s));
@@ -373,6 +377,22 @@ fn table_families(out: &mut String, statuses: &[(String, FlowStatus)]) {
     }
 }
 
+/// One histogram's samples: `label` (`flow="x"`) on each, cumulative
+/// bucket counts at the upper bounds `bounds` (seconds) then `+Inf` (the
+/// last of `counts`), the sum of the observations in seconds.
+fn histogram(out: &mut String, name: &str, label: &str, bounds: &[f64], counts: &[u64], sum: f64) {
+    let mut cum = 0;
+    for (ub, n) in bounds.iter().zip(counts) {
+        cum += n;
+        let _ = writeln!(out, "{name}_bucket{{{label},le=\"{ub}\"}} {cum}");
+    }
+    cum += counts.get(bounds.len()).copied().unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "{name}_bucket{{{label},le=\"+Inf\"}} {cum}\n{name}_sum{{{label}}} {sum}\n{name}_count{{{label}}} {cum}"
+    );
+}
+
 /// The histogram of commit durations, per flow.
 fn commit_histogram(
     out: &mut String,
@@ -381,23 +401,11 @@ fn commit_histogram(
 ) {
     let name = "autocdc_commit_duration_seconds";
     family(out, name, "histogram", "Duration of the flow's commits.");
+    let bounds: Vec<f64> = COMMIT_BUCKETS.iter().map(|ms| ms / 1e3).collect();
     for (rt, (flow, status)) in flows.iter().zip(statuses) {
         let h = *rt.commit_hist.lock().unwrap_or_else(|e| e.into_inner());
-        let mut cum = 0;
-        for (i, ub_ms) in COMMIT_BUCKETS.iter().enumerate() {
-            cum += h[i];
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{flow=\"{flow}\",le=\"{}\"}} {cum}",
-                ub_ms / 1e3
-            );
-        }
-        cum += h[COMMIT_BUCKETS.len()];
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{flow=\"{flow}\",le=\"+Inf\"}} {cum}\n{name}_sum{{flow=\"{flow}\"}} {}\n{name}_count{{flow=\"{flow}\"}} {cum}",
-            status.commit_ms_total / 1e3
-        );
+        let label = format!("flow=\"{flow}\"");
+        histogram(out, name, &label, &bounds, &h, status.commit_ms_total / 1e3);
     }
 }
 
@@ -462,7 +470,7 @@ fn service_families(out: &mut String, service: &Service) {
 /// Requests per route (the router's templates), method and status, and
 /// their durations per route.
 fn request_families(out: &mut String, service: &Service) {
-    use crate::service::http::DURATION_BUCKETS;
+    use crate::service::traffic::DURATION_BUCKETS;
     family(
         out,
         "autocdc_http_requests_total",
@@ -483,15 +491,14 @@ fn request_families(out: &mut String, service: &Service) {
         "Time to answer a request, by route.",
     );
     for (route, d) in service.requests.durations() {
-        let mut cum = 0;
-        for (i, ub) in DURATION_BUCKETS.iter().enumerate() {
-            cum += d.buckets[i];
-            let _ = writeln!(out, "{name}_bucket{{route=\"{route}\",le=\"{ub}\"}} {cum}");
-        }
-        let _ = writeln!(
+        let label = format!("route=\"{route}\"");
+        histogram(
             out,
-            "{name}_bucket{{route=\"{route}\",le=\"+Inf\"}} {}\n{name}_sum{{route=\"{route}\"}} {}\n{name}_count{{route=\"{route}\"}} {}",
-            d.count, d.sum_seconds, d.count
+            name,
+            &label,
+            &DURATION_BUCKETS,
+            &d.buckets,
+            d.sum_seconds,
         );
     }
 }

@@ -21,8 +21,10 @@ pub mod infer;
 pub mod input;
 pub mod lease;
 pub mod metrics;
+pub mod nats_conn;
 pub mod nats_log;
 pub mod process;
+pub mod traffic;
 pub mod wal;
 
 use std::collections::{BTreeMap, HashMap};
@@ -540,9 +542,9 @@ pub struct Service {
     /// pushes with one new field add it once.
     adding_columns: tokio::sync::Mutex<()>,
     /// Client connections (the HTTP layer counts them here).
-    pub connections: crate::service::http::Connections,
+    pub connections: crate::service::traffic::Connections,
     /// Requests served, per route (the HTTP layer counts them here).
-    pub requests: crate::service::http::RequestStats,
+    pub requests: crate::service::traffic::RequestStats,
     /// On a shared log: the flows' leases (set before `start`).
     leases: std::sync::OnceLock<Arc<lease::Leases>>,
     /// Where definitions made over HTTP are kept (`flow.json` files in
@@ -742,6 +744,15 @@ impl Service {
                     tracing::info!(flow = %name, revision, "flow_definition_removed");
                 }
             }
+        }
+    }
+
+    /// What one request may hold (`server.max_rows_per_request`,
+    /// `server.max_body_bytes`), checked before a body is decoded.
+    pub fn limits(&self) -> input::Limits {
+        input::Limits {
+            max_rows: self.config.max_rows_per_request.max(1),
+            max_value_bytes: self.config.max_body_bytes,
         }
     }
 

@@ -26,11 +26,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, context::PublishErrorKind, kv, stream};
+use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 use bytes::Bytes;
 
 use crate::config::NatsConfig;
 use crate::error::{Error, Result, codes};
+use crate::service::nats_conn::retrying;
 use crate::service::wal::{Appended, IngestLog, LogFactory, LogStats, Record};
 
 /// A stream per flow on one NATS connection.
@@ -254,42 +255,6 @@ impl LogFactory for NatsLogs {
             self.open_once(flow, committed, max_bytes)
         })
         .await
-    }
-}
-
-/// The key-value bucket `cfg` names, made with `cfg` if missing.
-pub(crate) async fn key_value(js: &jetstream::Context, cfg: kv::Config) -> Result<kv::Store> {
-    match js.get_key_value(cfg.bucket.clone()).await {
-        Ok(s) => Ok(s),
-        Err(_) => js.create_key_value(cfg.clone()).await.map_err(|e| {
-            Error::Unavailable(format!("NATS key-value bucket `{}`: {e}", cfg.bucket))
-        }),
-    }
-}
-
-/// While JetStream elects leaders (a server of the cluster restarted), its
-/// requests time out for a few seconds: an instance starting or opening a
-/// flow then waits, up to `START_PATIENCE`, rather than exiting.
-const START_PATIENCE: Duration = Duration::from_secs(30);
-
-/// `f` until it does not fail with `AUTOCDC_UNAVAILABLE`, for at most
-/// `START_PATIENCE`.
-pub(crate) async fn retrying<T, F, Fut>(what: &str, mut f: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T>>,
-{
-    let deadline = std::time::Instant::now() + START_PATIENCE;
-    let mut pause = Duration::from_millis(250);
-    loop {
-        match f().await {
-            Err(Error::Unavailable(m)) if std::time::Instant::now() + pause < deadline => {
-                tracing::warn!(what, error = %m, retry_in_ms = pause.as_millis() as u64, "nats_unavailable");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(4));
-            }
-            other => return other,
-        }
     }
 }
 

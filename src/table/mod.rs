@@ -8,6 +8,7 @@ pub mod compact;
 pub mod engine;
 pub mod flow_state;
 pub mod maintain;
+pub mod properties;
 pub mod read;
 pub mod row_delta;
 pub mod state_table;

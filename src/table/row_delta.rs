@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::error::Result;
 use crate::table::catalog::TableState;
-use crate::table::maintain::MergePolicy;
+use crate::table::properties::MergePolicy;
 
 pub struct Produced {
     pub snapshot_id: i64,

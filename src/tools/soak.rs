@@ -133,68 +133,16 @@ pub async fn run(a: SoakArgs) -> Result<()> {
         }
     };
     std::fs::create_dir_all(&dir)?;
-    let (catalog, ingest) = match &a.config {
-        Some(path) => {
-            let c = Config::load(path)?;
-            (c.catalog, c.ingest)
-        }
-        None => (
-            CatalogConfig::Hadoop {
-                warehouse: dir.join("warehouse").to_string_lossy().to_string(),
-                s3: None,
-            },
-            Default::default(),
-        ),
-    };
-    let local_warehouse = match &catalog {
-        CatalogConfig::Hadoop {
-            warehouse,
-            s3: None,
-        } => Some(PathBuf::from(warehouse)),
-        _ => None,
-    };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let names: Vec<String> = (0..a.flows).map(|i| format!("soak_{i}")).collect();
-    let mut flows = Vec::new();
-    for name in &names {
-        let mut cfg = generate::changes_flow(name, &format!("soak.{name}"))?;
-        cfg.commit_interval = Some(a.commit_interval.clone());
-        cfg.max_log_bytes = a.max_log_bytes;
-        cfg.compaction = Some(crate::core::flow::CompactionConfig {
-            interval: Some(a.compaction_interval.clone()),
-            ..Default::default()
-        });
-        flows.push(cfg);
-    }
-    let config = Config {
-        server: ServerConfig {
-            listen: format!("127.0.0.1:{port}"),
-            data_dir: dir.join("data").to_string_lossy().to_string(),
-            idempotency_window: a.idempotency_window.clone(),
-            ..ServerConfig::default()
-        },
-        catalog: catalog.clone(),
-        flows,
-        maintenance: Default::default(),
-        ingest,
-    };
-    let config_path = dir.join("soak.toml");
-    std::fs::write(
-        &config_path,
-        toml::to_string(&config).map_err(|e| Error::Config(e.to_string()))?,
-    )?;
+    let setup = Setup::write(&a, &dir)?;
     let out = std::fs::File::create(dir.join("serve.log"))?;
     let mut child = std::process::Command::new(std::env::current_exe()?)
         .arg("serve")
         .arg("--config")
-        .arg(&config_path)
+        .arg(&setup.config_path)
         .stdout(out.try_clone()?)
         .stderr(out)
         .spawn()?;
-    let pid = child.id();
-    let base = format!("http://127.0.0.1:{port}");
+    let base = format!("http://127.0.0.1:{}", setup.port);
     let client = reqwest::Client::new();
     wait_ready(&client, &base, &mut child).await?;
     println!(
@@ -209,6 +157,277 @@ pub async fn run(a: SoakArgs) -> Result<()> {
         every,
         dir.display()
     );
+    let mut load = Load::start(&a, &client, &base, &setup.names);
+    let catalog =
+        crate::table::catalog::open(&setup.catalog, Arc::new(crate::fault::Faults::default()))?;
+    let watch = Watch {
+        client: &client,
+        base: &base,
+        names: &setup.names,
+        catalog: &catalog,
+        local_warehouse: setup.local_warehouse.as_deref(),
+    };
+    let (samples, mut failure) = watch.samples(&mut child, &load, duration, every).await?;
+    if let Some(f) = load.stop(a.rate).await? {
+        failure.get_or_insert(f);
+    }
+    verdicts(&samples, duration, a.flows as f64 / interval.as_secs_f64());
+    // Everything pushed must be in the tables.
+    if failure.is_none() {
+        failure = watch.check_oracles(&load.oracles).await?;
+    }
+    stop_server(&mut child)?;
+    if a.dir.is_none() && failure.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    match failure {
+        None => Ok(()),
+        Some(f) => Err(Error::Unavailable(format!(
+            "soak failed: {f} (server output in {})",
+            dir.join("serve.log").display()
+        ))),
+    }
+}
+
+/// The soak's server: its configuration written, the flows' names, the
+/// catalog (and its folder, when local).
+struct Setup {
+    config_path: PathBuf,
+    port: u16,
+    names: Vec<String>,
+    catalog: CatalogConfig,
+    local_warehouse: Option<PathBuf>,
+}
+
+impl Setup {
+    fn write(a: &SoakArgs, dir: &Path) -> Result<Setup> {
+        let (catalog, ingest) = match &a.config {
+            Some(path) => {
+                let c = Config::load(path)?;
+                (c.catalog, c.ingest)
+            }
+            None => (
+                CatalogConfig::Hadoop {
+                    warehouse: dir.join("warehouse").to_string_lossy().to_string(),
+                    s3: None,
+                },
+                Default::default(),
+            ),
+        };
+        let local_warehouse = match &catalog {
+            CatalogConfig::Hadoop {
+                warehouse,
+                s3: None,
+            } => Some(PathBuf::from(warehouse)),
+            _ => None,
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let names: Vec<String> = (0..a.flows).map(|i| format!("soak_{i}")).collect();
+        let mut flows = Vec::new();
+        for name in &names {
+            let mut cfg = generate::changes_flow(name, &format!("soak.{name}"))?;
+            cfg.commit_interval = Some(a.commit_interval.clone());
+            cfg.max_log_bytes = a.max_log_bytes;
+            cfg.compaction = Some(crate::core::flow::CompactionConfig {
+                interval: Some(a.compaction_interval.clone()),
+                ..Default::default()
+            });
+            flows.push(cfg);
+        }
+        let config = Config {
+            server: ServerConfig {
+                listen: format!("127.0.0.1:{port}"),
+                data_dir: dir.join("data").to_string_lossy().to_string(),
+                idempotency_window: a.idempotency_window.clone(),
+                ..ServerConfig::default()
+            },
+            catalog: catalog.clone(),
+            flows,
+            maintenance: Default::default(),
+            ingest,
+        };
+        let config_path = dir.join("soak.toml");
+        std::fs::write(
+            &config_path,
+            toml::to_string(&config).map_err(|e| Error::Config(e.to_string()))?,
+        )?;
+        Ok(Setup {
+            config_path,
+            port,
+            names,
+            catalog,
+            local_warehouse,
+        })
+    }
+}
+
+/// The load: one task per flow, one request every batch_rows / rate_per_flow.
+struct Load {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    sent: Arc<std::sync::atomic::AtomicU64>,
+    throttled: Arc<std::sync::atomic::AtomicU64>,
+    oracles: Vec<Arc<Mutex<Oracle>>>,
+    tasks: Vec<tokio::task::JoinHandle<Result<()>>>,
+    started: Instant,
+}
+
+impl Load {
+    fn start(a: &SoakArgs, client: &reqwest::Client, base: &str, names: &[String]) -> Load {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let throttled = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let oracles: Vec<Arc<Mutex<Oracle>>> = names.iter().map(|_| Arc::default()).collect();
+        let per_flow = (a.rate as f64 / a.flows as f64).max(1.0);
+        let period = Duration::from_secs_f64(a.batch_rows as f64 / per_flow);
+        let mut tasks = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let url = format!("{base}/v1/flows/{name}/changes");
+            let (client, stop, sent, throttled, oracle) = (
+                client.clone(),
+                stop.clone(),
+                sent.clone(),
+                throttled.clone(),
+                oracles[i].clone(),
+            );
+            let (keys, rows, seed) = (a.keys, a.batch_rows, a.seed + i as u64);
+            tasks.push(tokio::spawn(async move {
+                push_steadily(
+                    client, url, period, keys, rows, seed, stop, sent, throttled, oracle,
+                )
+                .await
+            }));
+        }
+        Load {
+            stop,
+            sent,
+            throttled,
+            oracles,
+            tasks,
+            started: Instant::now(),
+        }
+    }
+
+    /// Whether a pusher stopped (on an error).
+    fn faltered(&self) -> bool {
+        self.tasks.iter().any(|t| t.is_finished())
+    }
+
+    /// Stops the pushers and says what they sent; a pusher's error.
+    async fn stop(&mut self, rate: u64) -> Result<Option<String>> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut failure = None;
+        for t in self.tasks.drain(..) {
+            if let Err(e) = t.await.map_err(|e| Error::Unavailable(e.to_string()))? {
+                failure.get_or_insert(e.to_string());
+            }
+        }
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let total = self.sent.load(std::sync::atomic::Ordering::Relaxed);
+        println!(
+            "pushed {total} events in {elapsed:.0} s ({:.0} events/s; target {rate}), {} answers 429",
+            total as f64 / elapsed,
+            self.throttled.load(std::sync::atomic::Ordering::Relaxed)
+        );
+        Ok(failure)
+    }
+}
+
+/// What the soak reads while it runs, and at the end.
+struct Watch<'a> {
+    client: &'a reqwest::Client,
+    base: &'a str,
+    names: &'a [String],
+    catalog: &'a Arc<dyn crate::table::catalog::Catalog>,
+    local_warehouse: Option<&'a Path>,
+}
+
+impl Watch<'_> {
+    /// A sample every `every` for `duration`, each printed as a row; stops
+    /// early (with why) when the server exits or a pusher stops.
+    async fn samples(
+        &self,
+        child: &mut std::process::Child,
+        load: &Load,
+        duration: Duration,
+        every: Duration,
+    ) -> Result<(Vec<Sample>, Option<String>)> {
+        print_header();
+        let pid = child.id();
+        let started = Instant::now();
+        let mut samples: Vec<Sample> = Vec::new();
+        let (mut last_commits, mut last_t) = (0u64, 0.0);
+        while started.elapsed() < duration {
+            let wait = every.min(duration.saturating_sub(started.elapsed()));
+            tokio::time::sleep(wait).await;
+            if let Ok(Some(status)) = child.try_wait() {
+                return Ok((samples, Some(format!("the server exited: {status}"))));
+            }
+            if load.faltered() {
+                // A pusher stopped on an error: it is reported by `Load::stop`.
+                break;
+            }
+            // A scan that once took over SCAN_LIMIT is not tried again.
+            let scan = samples.last().is_none_or(|p| !p.scan_ms.is_nan());
+            let mut s = sample(
+                self.client,
+                self.base,
+                self.names,
+                pid,
+                self.catalog,
+                self.local_warehouse,
+                scan,
+            )
+            .await?;
+            if scan && s.scan_ms.is_nan() {
+                println!(
+                    "(the scan took over {SCAN_LIMIT:?}: later samples skip it; the tables keep growing without the table-health maintenance)"
+                );
+            }
+            s.t = started.elapsed().as_secs_f64();
+            s.sent = load.sent.load(std::sync::atomic::Ordering::Relaxed);
+            s.commit_rate = (s.commits - last_commits) as f64 / (s.t - last_t).max(1e-3);
+            (last_commits, last_t) = (s.commits, s.t);
+            print_sample(&s);
+            samples.push(s);
+        }
+        Ok((samples, None))
+    }
+
+    /// Commits each flow and compares its table with its oracle; the first
+    /// difference.
+    async fn check_oracles(&self, oracles: &[Arc<Mutex<Oracle>>]) -> Result<Option<String>> {
+        for (name, oracle) in self.names.iter().zip(oracles) {
+            let r = self
+                .client
+                .post(format!("{}/v1/flows/{name}/commit", self.base))
+                .timeout(Duration::from_secs(300))
+                .send()
+                .await
+                .map_err(|e| Error::Unavailable(e.to_string()))?;
+            if !r.status().is_success() {
+                return Ok(Some(format!("{name}: /commit answered {}", r.status())));
+            }
+            let oracle = oracle.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            match tokio::time::timeout(SCAN_LIMIT * 10, check_table(self.catalog, name, &oracle))
+                .await
+            {
+                Ok(Ok(n)) => println!("{name}: the table equals the oracle ({n} live keys)"),
+                Ok(Err(e)) => {
+                    return Ok(Some(e.to_string()));
+                }
+                Err(_) => println!(
+                    "{name}: not checked against the oracle: the scan did not finish within {:?}",
+                    SCAN_LIMIT * 10
+                ),
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn print_header() {
     let header = format!(
         "{:>6} {:>10} {:>7} {:>9} {:>7} {:>7} {:>7} {:>5} {:>5} {:>7} {:>8} {:>8} {:>6} {:>6} {:>9} {:>7}",
         "t s",
@@ -229,147 +448,28 @@ pub async fn run(a: SoakArgs) -> Result<()> {
         "scan ms"
     );
     println!("{header}");
+}
 
-    // The load: one task per flow, one request every batch_rows / rate_per_flow.
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let throttled = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let oracles: Vec<Arc<Mutex<Oracle>>> = names.iter().map(|_| Arc::default()).collect();
-    let per_flow = (a.rate as f64 / a.flows as f64).max(1.0);
-    let period = Duration::from_secs_f64(a.batch_rows as f64 / per_flow);
-    let mut tasks = Vec::new();
-    for (i, name) in names.iter().enumerate() {
-        let url = format!("{base}/v1/flows/{name}/changes");
-        let (client, stop, sent, throttled, oracle) = (
-            client.clone(),
-            stop.clone(),
-            sent.clone(),
-            throttled.clone(),
-            oracles[i].clone(),
-        );
-        let (keys, rows, seed) = (a.keys, a.batch_rows, a.seed + i as u64);
-        tasks.push(tokio::spawn(async move {
-            push_steadily(
-                client, url, period, keys, rows, seed, stop, sent, throttled, oracle,
-            )
-            .await
-        }));
-    }
-
-    let catalog = crate::table::catalog::open(&catalog, Arc::new(crate::fault::Faults::default()))?;
-    let started = Instant::now();
-    let mut samples: Vec<Sample> = Vec::new();
-    let mut last_commits = 0u64;
-    let mut last_t = 0.0;
-    let mut failure = None;
-    while started.elapsed() < duration {
-        let wait = every.min(duration.saturating_sub(started.elapsed()));
-        tokio::time::sleep(wait).await;
-        if let Ok(Some(status)) = child.try_wait() {
-            failure = Some(format!("the server exited: {status}"));
-            break;
-        }
-        if tasks.iter().any(|t| t.is_finished()) {
-            // A pusher stopped on an error: it is reported below.
-            break;
-        }
-        // A scan that once took over SCAN_LIMIT is not tried again.
-        let scan = samples.last().is_none_or(|p| !p.scan_ms.is_nan());
-        let mut s = sample(
-            &client,
-            &base,
-            &names,
-            pid,
-            &catalog,
-            local_warehouse.as_deref(),
-            scan,
-        )
-        .await?;
-        if scan && s.scan_ms.is_nan() {
-            println!(
-                "(the scan took over {SCAN_LIMIT:?}: later samples skip it; the tables keep growing without the table-health maintenance)"
-            );
-        }
-        s.t = started.elapsed().as_secs_f64();
-        s.sent = sent.load(std::sync::atomic::Ordering::Relaxed);
-        s.commit_rate = (s.commits - last_commits) as f64 / (s.t - last_t).max(1e-3);
-        (last_commits, last_t) = (s.commits, s.t);
-        println!(
-            "{:>6.0} {:>10} {:>7} {:>9.2} {:>7.1} {:>7.1} {:>7.1} {:>5.0} {:>5.0} {:>7.1} {:>8.1} {:>8.1} {:>6.0} {:>6.0} {:>9.1} {:>7.0}",
-            s.t,
-            s.sent,
-            s.commits,
-            s.commit_rate,
-            s.p50,
-            s.p99,
-            s.rss_mib,
-            s.fds,
-            s.threads,
-            s.log_mib,
-            s.pending_kib,
-            s.metadata_kib,
-            s.data_files,
-            s.delete_files,
-            s.warehouse_mib,
-            s.scan_ms
-        );
-        samples.push(s);
-    }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    for t in tasks {
-        if let Err(e) = t.await.map_err(|e| Error::Unavailable(e.to_string()))? {
-            failure.get_or_insert(e.to_string());
-        }
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    let total = sent.load(std::sync::atomic::Ordering::Relaxed);
+fn print_sample(s: &Sample) {
     println!(
-        "pushed {total} events in {elapsed:.0} s ({:.0} events/s; target {}), {} answers 429",
-        total as f64 / elapsed,
-        a.rate,
-        throttled.load(std::sync::atomic::Ordering::Relaxed)
+        "{:>6.0} {:>10} {:>7} {:>9.2} {:>7.1} {:>7.1} {:>7.1} {:>5.0} {:>5.0} {:>7.1} {:>8.1} {:>8.1} {:>6.0} {:>6.0} {:>9.1} {:>7.0}",
+        s.t,
+        s.sent,
+        s.commits,
+        s.commit_rate,
+        s.p50,
+        s.p99,
+        s.rss_mib,
+        s.fds,
+        s.threads,
+        s.log_mib,
+        s.pending_kib,
+        s.metadata_kib,
+        s.data_files,
+        s.delete_files,
+        s.warehouse_mib,
+        s.scan_ms
     );
-    verdicts(&samples, duration, a.flows as f64 / interval.as_secs_f64());
-
-    // Everything pushed must be in the tables.
-    if failure.is_none() {
-        for (name, oracle) in names.iter().zip(&oracles) {
-            let r = client
-                .post(format!("{base}/v1/flows/{name}/commit"))
-                .timeout(Duration::from_secs(300))
-                .send()
-                .await
-                .map_err(|e| Error::Unavailable(e.to_string()))?;
-            if !r.status().is_success() {
-                failure = Some(format!("{name}: /commit answered {}", r.status()));
-                break;
-            }
-            let oracle = oracle.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            match tokio::time::timeout(SCAN_LIMIT * 10, check_table(&catalog, name, &oracle)).await
-            {
-                Ok(Ok(n)) => println!("{name}: the table equals the oracle ({n} live keys)"),
-                Ok(Err(e)) => {
-                    failure = Some(e.to_string());
-                    break;
-                }
-                Err(_) => println!(
-                    "{name}: not checked against the oracle: the scan did not finish within {:?}",
-                    SCAN_LIMIT * 10
-                ),
-            }
-        }
-    }
-    stop_server(&mut child)?;
-    if a.dir.is_none() && failure.is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    match failure {
-        None => Ok(()),
-        Some(f) => Err(Error::Unavailable(format!(
-            "soak failed: {f} (server output in {})",
-            dir.join("serve.log").display()
-        ))),
-    }
 }
 
 pub(crate) async fn wait_ready(

@@ -75,7 +75,7 @@ pub(super) async fn post_debezium(
     } else {
         input::BodyFormat::Ndjson
     };
-    let limits = service.config.limits();
+    let limits = service.limits();
     // The body is read once, for every flow that takes some of its events.
     let candidates: Vec<Arc<crate::service::FlowRuntime>> = service
         .flows()

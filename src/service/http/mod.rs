@@ -22,7 +22,7 @@ use crate::service::input;
 
 mod debezium;
 mod requests;
-pub use requests::{DURATION_BUCKETS, Durations, RequestStats};
+pub use crate::service::traffic::{Connections, DURATION_BUCKETS, Durations, RequestStats};
 
 pub const NDJSON: &str = "application/x-ndjson";
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
@@ -465,7 +465,7 @@ async fn decode_body(
             )));
         }
     };
-    let limits = service.config.limits();
+    let limits = service.limits();
     let first = decode_with(&rt.flow, format, &body, limits, true).await?;
     let err = match first {
         Ok(b) => return Ok((rt, b, key)),
@@ -1237,13 +1237,6 @@ async fn accept_loop(
         tasks.shutdown().await;
     }
     Ok(())
-}
-
-/// Open and refused client connections, for `/metrics`.
-#[derive(Default)]
-pub struct Connections {
-    pub open: std::sync::atomic::AtomicUsize,
-    pub refused: std::sync::atomic::AtomicU64,
 }
 
 struct OpenConnection<'a>(&'a Connections);

@@ -153,7 +153,7 @@ pub(crate) async fn delete_superseded(
     metadata: &TableMetadata,
     superseded: Vec<String>,
 ) {
-    if !crate::table::maintain::delete_after_commit(metadata) {
+    if !crate::table::properties::delete_after_commit(metadata) {
         return;
     }
     for file in superseded {

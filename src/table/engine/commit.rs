@@ -443,7 +443,13 @@ impl Engine {
         now_ms: i64,
         mode: Mode,
     ) -> std::result::Result<(TableState, i64), Failure> {
-        let properties = self.marker(state, offsets, floor, snapshot_version, input_offset)?;
+        let properties = self.marker(
+            (state.snapshot_id, state.generation),
+            offsets,
+            floor,
+            snapshot_version,
+            input_offset,
+        )?;
         let (replace, rewrite) = match mode {
             Mode::Delta => (false, None),
             Mode::Compaction(r) => (false, Some(r)),

@@ -11,7 +11,6 @@ use arrow_array::RecordBatch;
 use iceberg::spec::{Schema, TableMetadata};
 
 use super::Engine;
-use super::commit::StateCommit;
 use crate::core::flow::Flow;
 use crate::core::history::Folding;
 use crate::core::offsets::{self, Offsets, PROP_INPUT_OFFSETS};
@@ -216,10 +215,11 @@ impl Engine {
     /// The marker a target commit records: the flow, the state snapshot it
     /// goes with, the offsets, generation and completeness, and as they
     /// apply the lease, the truncate floor, the snapshot version and how a
-    /// history flow's rows are folded.
+    /// history flow's rows are folded. `state`: the state table's snapshot
+    /// and generation this target commit goes with.
     pub(super) fn marker(
         &self,
-        state: &StateCommit,
+        state: (i64, i64),
         offsets: &Offsets,
         floor: Option<&[u8]>,
         snapshot_version: Option<i64>,
@@ -227,12 +227,9 @@ impl Engine {
     ) -> Result<HashMap<String, String>> {
         let mut properties = HashMap::from([
             (PROP_FLOW.to_string(), self.flow.name.clone()),
-            (
-                PROP_STATE_SNAPSHOT.to_string(),
-                state.snapshot_id.to_string(),
-            ),
+            (PROP_STATE_SNAPSHOT.to_string(), state.0.to_string()),
             (PROP_INPUT_OFFSET.to_string(), input_offset.to_string()),
-            (PROP_GENERATION.to_string(), state.generation.to_string()),
+            (PROP_GENERATION.to_string(), state.1.to_string()),
             (
                 PROP_STATE_COMPLETE.to_string(),
                 self.state_complete.to_string(),
