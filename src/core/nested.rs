@@ -2,7 +2,8 @@
 //! `array<type>`) and `map<key type, value type>`, as Spark writes them.
 //!
 //! - `parse` reads a column's type as a definition writes it (depth and
-//!   length bounded: definitions are untrusted).
+//!   length bounded: definitions are untrusted); `parse_type` a primitive
+//!   type's name.
 //! - `number` gives the fields inside nested types their Iceberg field ids.
 //! - `convert` reads pushed nested values strictly, leaf by leaf, with the
 //!   rules of `convert` for each leaf; an error names its row.
@@ -22,7 +23,6 @@ use iceberg::spec::{
 };
 
 use crate::core::convert::{self, Refused, is_textual_target};
-use crate::core::flow::parse_type;
 
 /// The deepest nesting of a column type.
 pub const MAX_DEPTH: usize = 16;
@@ -183,6 +183,35 @@ impl Parser<'_> {
             w => primitive(w),
         }
     }
+}
+
+/// Parses an Iceberg primitive type name as written in a flow definition.
+pub fn parse_type(s: &str) -> Option<PrimitiveType> {
+    let t = s.trim().to_ascii_lowercase();
+    Some(match t.as_str() {
+        "boolean" | "bool" => PrimitiveType::Boolean,
+        "int" | "integer" => PrimitiveType::Int,
+        "long" | "bigint" => PrimitiveType::Long,
+        "float" => PrimitiveType::Float,
+        "double" => PrimitiveType::Double,
+        "date" => PrimitiveType::Date,
+        "time" => PrimitiveType::Time,
+        "timestamp" => PrimitiveType::Timestamp,
+        "timestamptz" => PrimitiveType::Timestamptz,
+        "string" => PrimitiveType::String,
+        "uuid" => PrimitiveType::Uuid,
+        "binary" => PrimitiveType::Binary,
+        _ => {
+            let inner = t.strip_prefix("decimal(")?.strip_suffix(')')?;
+            let (p, s) = inner.split_once(',')?;
+            let precision: u32 = p.trim().parse().ok()?;
+            let scale: u32 = s.trim().parse().ok()?;
+            if precision == 0 || precision > 38 || scale > precision {
+                return None;
+            }
+            PrimitiveType::Decimal { precision, scale }
+        }
+    })
 }
 
 fn primitive(name: &str) -> Result<Type, String> {
@@ -564,6 +593,20 @@ fn relabel(data: ArrayData, to: &DataType) -> Result<ArrayData, ArrowError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn types_parse() {
+        assert_eq!(
+            parse_type("decimal(10, 2)"),
+            Some(PrimitiveType::Decimal {
+                precision: 10,
+                scale: 2
+            })
+        );
+        assert_eq!(parse_type("timestamptz"), Some(PrimitiveType::Timestamptz));
+        assert_eq!(parse_type("decimal(2,5)"), None);
+        assert_eq!(parse_type("varchar"), None);
+    }
 
     #[test]
     fn types_parse_as_spark_writes_them() {
