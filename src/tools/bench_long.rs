@@ -18,12 +18,12 @@ use rand::rngs::StdRng;
 use crate::core::flow::Flow;
 use crate::error::{Error, Result};
 use crate::fault::Faults;
+use crate::service::now_ms;
 use crate::table::catalog::Catalog;
 use crate::table::engine::{Engine, MaintainOptions};
 use crate::table::maintain;
-use crate::tools::bench::{dir_bytes, local_catalog};
-use crate::tools::cli::{human_bytes, now_ms};
 use crate::tools::generate;
+use crate::tools::measure::{dir_bytes, human_bytes, local_catalog};
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchLongArgs {
@@ -142,7 +142,7 @@ pub async fn run(args: BenchLongArgs) -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     println!(
         "file system: {:.2} ms to create, write and sync one 16 KiB file there (median of 3 x 100); every commit writes several (data, deletes, manifests, metadata, state)",
-        crate::tools::bench::file_floor_ms(&dir)?
+        crate::tools::measure::file_floor_ms(&dir)?
     );
     let mut results: Vec<(String, Vec<Row>)> = Vec::new();
     for mode in &modes {

@@ -178,7 +178,7 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         .pool_max_idle_per_host(a.connections)
         .build()
         .map_err(|e| Error::Unavailable(e.to_string()))?;
-    crate::tools::soak::wait_ready(&client, &base, &mut server.0).await?;
+    crate::tools::measure::wait_ready(&client, &base, &mut server.0).await?;
     println!(
         "bench-serve: {} events over {} keys per format, {} per request, {} connections, commit_interval {}, server: `autocdc serve` in its own process on {base}",
         a.events, a.keys, a.batch_rows, a.connections, a.commit_interval
@@ -198,8 +198,8 @@ pub async fn run(a: LoadArgs) -> Result<()> {
     for f in &formats {
         run_format(&a, &client, &base, &server_pid, f).await?;
     }
-    let server_rss = crate::tools::bench::peak_rss_of(&server.0.id().to_string());
-    let client_rss = crate::tools::bench::peak_rss_bytes();
+    let server_rss = crate::tools::measure::peak_rss_of(&server.0.id().to_string());
+    let client_rss = crate::tools::measure::peak_rss_bytes();
     if let (Some(s), Some(c)) = (server_rss, client_rss) {
         println!("peak RSS: server {} MiB, client {} MiB", s >> 20, c >> 20);
     }

@@ -7,5 +7,6 @@ pub mod bench_long;
 pub mod cli;
 pub mod generate;
 pub mod loadgen;
+pub mod measure;
 pub mod push;
 pub mod soak;

@@ -24,6 +24,7 @@ use crate::config::{CatalogConfig, Config, ServerConfig};
 use crate::core::flow::{Flow, parse_table_ident};
 use crate::error::{Error, Result};
 use crate::tools::generate;
+use crate::tools::measure::wait_ready;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SoakArgs {
@@ -472,30 +473,6 @@ fn print_sample(s: &Sample) {
     );
 }
 
-pub(crate) async fn wait_ready(
-    client: &reqwest::Client,
-    base: &str,
-    child: &mut std::process::Child,
-) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(Error::Unavailable(format!(
-                "autocdc serve exited at start: {status}"
-            )));
-        }
-        if let Ok(r) = client.get(format!("{base}/readyz")).send().await
-            && r.status().is_success()
-        {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(Error::Unavailable(
-        "autocdc serve was not ready within 60 s".into(),
-    ))
-}
-
 fn stop_server(child: &mut std::process::Child) -> Result<()> {
     // SIGTERM: the server commits what is pending and exits 0.
     let _ = std::process::Command::new("kill")
@@ -674,7 +651,7 @@ async fn sample(
         .map(|d| d.count() as f64)
         .unwrap_or(0.0);
     s.warehouse_mib = warehouse
-        .map(|w| crate::tools::bench::dir_bytes(w) as f64 / (1 << 20) as f64)
+        .map(|w| crate::tools::measure::dir_bytes(w) as f64 / (1 << 20) as f64)
         .unwrap_or(f64::NAN);
     Ok(s)
 }

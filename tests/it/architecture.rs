@@ -293,7 +293,6 @@ fn circles() -> Vec<Vec<String>> {
 }
 
 #[test]
-#[ignore = "three circles remain: core::flow-core::nested, service::debezium-service::input, the tools (issue 51)"]
 fn no_two_modules_import_each_other() {
     let found = circles();
     assert!(

@@ -22,7 +22,8 @@ use serde_json::{Map, Value};
 use crate::core::debezium::{self, Cell, Op, Position};
 use crate::core::flow::Flow;
 use crate::error::{Error, Result, codes};
-use crate::service::input::{self, BodyFormat, Limits};
+use crate::service::input::body::{BodyFormat, Limits};
+use crate::service::input::json::decode_json_rows;
 
 mod direct;
 mod read;
@@ -289,7 +290,7 @@ impl Build<'_> {
             refs.push(&lines[from..end]);
             from = end;
         }
-        let batch = input::decode_json_rows(columns.flow, &refs, strict).map_err(|e| match e {
+        let batch = decode_json_rows(columns.flow, &refs, strict).map_err(|e| match e {
             // The decoder counts this flow's rows; the event's index is the body's.
             Error::Batch {
                 code,

@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 use super::{Skipped, event_err};
 use crate::core::debezium::{self, Op, Position};
 use crate::error::{Error, Result, codes};
-use crate::service::input::{BodyFormat, Limits};
+use crate::service::input::body::{BodyFormat, Limits};
 
 /// One change event of a body, its parts borrowed from the body.
 #[derive(Debug)]

@@ -10,13 +10,14 @@ use arrow_array::RecordBatch;
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 
 use super::now_ms;
-use super::setup::{human_bytes, load_config, open_catalog};
+use super::setup::{load_config, open_catalog};
 use crate::config::CatalogConfig;
 use crate::core::flow::parse_table_ident;
 use crate::error::{Error, Result};
 use crate::fault::Faults;
 use crate::table::engine::Engine;
 use crate::table::read;
+use crate::tools::measure::human_bytes;
 
 /// `autocdc show`: a table's rows through a real Iceberg scan.
 pub(super) async fn show(

@@ -20,7 +20,6 @@ mod setup;
 
 pub use crate::service::now_ms;
 pub use args::{Cli, Command, GenFeed};
-pub use setup::human_bytes;
 
 use apply::{apply_files, apply_snapshot};
 use demo::{demo, gen_ghost_kitchen};
