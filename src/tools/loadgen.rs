@@ -18,6 +18,7 @@ use crate::core::flow::Flow;
 use crate::error::{Error, Result};
 use crate::service::input;
 use crate::tools::generate;
+use crate::tools::serve_child::ServeChild;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct LoadArgs {
@@ -163,22 +164,12 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         &config_path,
         toml::to_string(&config).map_err(|e| Error::Config(e.to_string()))?,
     )?;
-    let log = std::fs::File::create(tmp.join("serve.log"))?;
-    let mut server = Server(
-        std::process::Command::new(std::env::current_exe()?)
-            .arg("serve")
-            .arg("--config")
-            .arg(&config_path)
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?,
-    );
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(a.connections)
         .build()
         .map_err(|e| Error::Unavailable(e.to_string()))?;
-    crate::tools::measure::wait_ready(&client, &base, &mut server.0).await?;
+    let server = ServeChild::start(&config_path, &tmp.join("serve.log"), &client, &base).await?;
     println!(
         "bench-serve: {} events over {} keys per format, {} per request, {} connections, commit_interval {}, server: `autocdc serve` in its own process on {base}",
         a.events, a.keys, a.batch_rows, a.connections, a.commit_interval
@@ -194,11 +185,11 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         "429s",
         "server µs/ev"
     );
-    let server_pid = server.0.id().to_string();
+    let server_pid = server.id().to_string();
     for f in &formats {
         run_format(&a, &client, &base, &server_pid, f).await?;
     }
-    let server_rss = crate::tools::measure::peak_rss_of(&server.0.id().to_string());
+    let server_rss = crate::tools::measure::peak_rss_of(&server.id().to_string());
     let client_rss = crate::tools::measure::peak_rss_bytes();
     if let (Some(s), Some(c)) = (server_rss, client_rss) {
         println!("peak RSS: server {} MiB, client {} MiB", s >> 20, c >> 20);
@@ -304,14 +295,4 @@ async fn run_format(
 /// User and system CPU seconds process `pid` has used (Linux; else none).
 fn cpu_seconds_of(pid: &str) -> Option<f64> {
     crate::service::process::of(pid).map(|p| p.cpu_seconds)
-}
-
-/// The `autocdc serve` child; killed and reaped when dropped.
-struct Server(std::process::Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

@@ -1,11 +1,11 @@
-//! What the tools measure with and wait on, shared by `bench`,
-//! `bench-long`, `loadgen` and `soak`: the file system's floor, peak RSS,
-//! a folder's size, byte counts for people, the local catalog a benchmark
-//! opens, and a spawned server's readiness. A leaf: it imports no tool.
+//! What the tools measure with, shared by `bench`, `bench-long`, `loadgen`
+//! and `soak`: the file system's floor, peak RSS, a folder's size, byte
+//! counts for people, and the local catalog a benchmark opens. A leaf: it
+//! imports no tool.
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::fault::Faults;
@@ -83,30 +83,6 @@ pub fn human_bytes(n: u64) -> String {
         n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
         n => format!("{n} B"),
     }
-}
-
-pub(crate) async fn wait_ready(
-    client: &reqwest::Client,
-    base: &str,
-    child: &mut std::process::Child,
-) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(Error::Unavailable(format!(
-                "autocdc serve exited at start: {status}"
-            )));
-        }
-        if let Ok(r) = client.get(format!("{base}/readyz")).send().await
-            && r.status().is_success()
-        {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(Error::Unavailable(
-        "autocdc serve was not ready within 60 s".into(),
-    ))
 }
 
 #[cfg(test)]

@@ -9,4 +9,5 @@ pub mod generate;
 pub mod loadgen;
 pub mod measure;
 pub mod push;
+pub mod serve_child;
 pub mod soak;

@@ -24,7 +24,7 @@ use crate::config::{CatalogConfig, Config, ServerConfig};
 use crate::core::flow::{Flow, parse_table_ident};
 use crate::error::{Error, Result};
 use crate::tools::generate;
-use crate::tools::measure::wait_ready;
+use crate::tools::serve_child::ServeChild;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct SoakArgs {
@@ -135,17 +135,10 @@ pub async fn run(a: SoakArgs) -> Result<()> {
     };
     std::fs::create_dir_all(&dir)?;
     let setup = Setup::write(&a, &dir)?;
-    let out = std::fs::File::create(dir.join("serve.log"))?;
-    let mut child = std::process::Command::new(std::env::current_exe()?)
-        .arg("serve")
-        .arg("--config")
-        .arg(&setup.config_path)
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .spawn()?;
     let base = format!("http://127.0.0.1:{}", setup.port);
     let client = reqwest::Client::new();
-    wait_ready(&client, &base, &mut child).await?;
+    let mut child =
+        ServeChild::start(&setup.config_path, &dir.join("serve.log"), &client, &base).await?;
     println!(
         "soak: {} for {:?}: {} events/s over {} flow(s), {} keys each, {} per request, commit_interval {}, samples every {:?}; folder {}",
         std::env::current_exe()?.display(),
@@ -177,7 +170,7 @@ pub async fn run(a: SoakArgs) -> Result<()> {
     if failure.is_none() {
         failure = watch.check_oracles(&load.oracles).await?;
     }
-    stop_server(&mut child)?;
+    println!("server stopped: {}", child.stop()?);
     if a.dir.is_none() && failure.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -349,7 +342,7 @@ impl Watch<'_> {
     /// early (with why) when the server exits or a pusher stops.
     async fn samples(
         &self,
-        child: &mut std::process::Child,
+        child: &mut ServeChild,
         load: &Load,
         duration: Duration,
         every: Duration,
@@ -471,26 +464,6 @@ fn print_sample(s: &Sample) {
         s.warehouse_mib,
         s.scan_ms
     );
-}
-
-fn stop_server(child: &mut std::process::Child) -> Result<()> {
-    // SIGTERM: the server commits what is pending and exits 0.
-    let _ = std::process::Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if let Some(status) = child.try_wait()? {
-            println!("server stopped: {status}");
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let _ = child.kill();
-    Err(Error::Unavailable(
-        "autocdc serve did not stop within 60 s of SIGTERM".into(),
-    ))
 }
 
 /// Pushes one request per `period` (late requests are not made up for, so
