@@ -179,90 +179,42 @@ impl Removed {
     }
 }
 
+/// The names of one commit's manifests: `<commit>-m<n>.avro`, one counter
+/// for the new, rewritten and merged manifests, so no two share a name.
+struct ManifestNames {
+    prefix: String,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl ManifestNames {
+    fn new(location: &str, commit: Uuid) -> ManifestNames {
+        ManifestNames {
+            prefix: format!("{location}/metadata/{commit}-m"),
+            next: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{}{n}.avro", self.prefix)
+    }
+}
+
 pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> Result<Produced> {
     let meta = &table.metadata;
     let snapshot_id = new_snapshot_id(table);
-    let seq = meta.next_sequence_number();
-    let schema = meta.current_schema().clone();
-    let spec = meta.default_partition_spec();
     let commit = Uuid::new_v4();
-    let manifest_path = |n: usize| format!("{}/metadata/{commit}-m{n}.avro", meta.location());
-
+    let names = ManifestNames::new(meta.location(), commit);
     let base = delta
         .base_snapshot
         .and_then(|id| meta.snapshot_by_id(id).cloned());
-    let mut manifests: Vec<ManifestFile> = Vec::new();
     let mut summary = SnapshotSummaryCollector::default();
-    // One manifest of the data files, one of delete files per spec.
-    let mut groups: Vec<(bool, i32, Vec<&DataFile>)> = Vec::new();
-    if !delta.data.is_empty() {
-        groups.push((false, spec.spec_id(), delta.data.iter().collect()));
-    }
-    for (spec_id, f) in &delta.deletes {
-        match groups.iter_mut().find(|g| g.0 && g.1 == *spec_id) {
-            Some(g) => g.2.push(f),
-            None => groups.push((true, *spec_id, vec![f])),
-        }
-    }
-    for (n, (deletes, spec_id, files)) in groups.into_iter().enumerate() {
-        let Some(spec) = meta.partition_spec_by_id(spec_id) else {
-            return Err(crate::error::Error::State {
-                code: crate::error::codes::UNSUPPORTED,
-                message: format!(
-                    "a delete file names partition spec {spec_id}, which the table does not have"
-                ),
-            });
-        };
-        let builder = ManifestWriterBuilder::new(
-            file_io.new_output(manifest_path(n))?,
-            Some(snapshot_id),
-            schema.clone(),
-            (**spec).clone(),
-        );
-        let mut w = if deletes {
-            builder.build_v2_deletes()
-        } else {
-            builder.build_v2_data()
-        };
-        // -1: the entry inherits this snapshot's sequence number; a
-        // rewrite's files keep the starting snapshot's.
-        let data_seq = delta.rewrite.as_ref().map_or(-1, |r| r.data_sequence);
-        for f in files {
-            summary.add_file(f, schema.clone(), spec.clone());
-            w.add_file(f.clone(), data_seq)?;
-        }
-        manifests.push(w.write_manifest_file().await?);
-    }
+    let mut manifests =
+        write_added(file_io, meta, snapshot_id, &delta, &names, &mut summary).await?;
     let mut removed = Removed::default();
     if let (Some(b), false) = (&base, delta.replace) {
-        let t = table.table(file_io)?;
-        let list = t.manifest_list_reader(b).load().await?;
-        match &delta.rewrite {
-            Some(r) if !r.removed.is_empty() => {
-                let mut n = 200;
-                let base: Vec<ManifestFile> = list.consume_entries().into_iter().collect();
-                for m in base {
-                    match drop_entries(
-                        file_io,
-                        meta,
-                        snapshot_id,
-                        &m,
-                        &r.removed,
-                        &mut removed,
-                        || {
-                            n += 1;
-                            manifest_path(n)
-                        },
-                    )
-                    .await?
-                    {
-                        Some(rewritten) => manifests.extend(rewritten),
-                        None => manifests.push(m),
-                    }
-                }
-            }
-            _ => manifests.extend(list.consume_entries()),
-        }
+        manifests
+            .extend(carried(file_io, table, b, &delta, snapshot_id, &names, &mut removed).await?);
     }
     let (manifests, merged) = merge_manifests(
         file_io,
@@ -270,12 +222,13 @@ pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> R
         snapshot_id,
         manifests,
         MergePolicy::of(meta),
-        |n| manifest_path(100 + n),
+        |_| names.next(),
     )
     .await?;
     let manifest_count = manifests.len();
 
     let prev = base.as_ref().map(|b| &b.summary().additional_properties);
+    let operation = operation(&delta);
     let props = summary_properties(
         delta.properties,
         summary.build(),
@@ -283,21 +236,11 @@ pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> R
         prev,
         delta.replace,
     );
-    let operation = match (
-        delta.rewrite.is_some(),
-        delta.data.is_empty(),
-        delta.deletes.is_empty() && !delta.replace,
-    ) {
-        (true, _, _) => Operation::Replace,
-        (_, _, false) => Operation::Overwrite,
-        (_, false, true) => Operation::Append,
-        (_, true, true) => Operation::Append,
-    };
-
     let list_path = format!(
         "{}/metadata/snap-{snapshot_id}-1-{commit}.avro",
         meta.location()
     );
+    let seq = meta.next_sequence_number();
     let mut list = ManifestListWriter::v2(
         file_io.new_output(list_path.clone())?.writer().await?,
         snapshot_id,
@@ -341,6 +284,117 @@ pub async fn produce(file_io: &FileIO, table: &TableState, delta: RowDelta) -> R
             },
         ],
     })
+}
+
+/// The snapshot's operation, as Iceberg Java names it: a rewrite replaces,
+/// deletes overwrite, new rows alone append.
+fn operation(delta: &RowDelta) -> Operation {
+    if delta.rewrite.is_some() {
+        Operation::Replace
+    } else if !delta.deletes.is_empty() || delta.replace {
+        Operation::Overwrite
+    } else {
+        Operation::Append
+    }
+}
+
+/// The manifests of what the snapshot adds: one of the data files, one of
+/// delete files per partition spec; each file counted in `summary`.
+async fn write_added(
+    file_io: &FileIO,
+    meta: &iceberg::spec::TableMetadata,
+    snapshot_id: i64,
+    delta: &RowDelta,
+    names: &ManifestNames,
+    summary: &mut SnapshotSummaryCollector,
+) -> Result<Vec<ManifestFile>> {
+    let schema = meta.current_schema().clone();
+    let mut groups: Vec<(bool, i32, Vec<&DataFile>)> = Vec::new();
+    if !delta.data.is_empty() {
+        groups.push((
+            false,
+            meta.default_partition_spec().spec_id(),
+            delta.data.iter().collect(),
+        ));
+    }
+    for (spec_id, f) in &delta.deletes {
+        match groups.iter_mut().find(|g| g.0 && g.1 == *spec_id) {
+            Some(g) => g.2.push(f),
+            None => groups.push((true, *spec_id, vec![f])),
+        }
+    }
+    let mut manifests = Vec::with_capacity(groups.len());
+    for (deletes, spec_id, files) in groups {
+        let Some(spec) = meta.partition_spec_by_id(spec_id) else {
+            return Err(crate::error::Error::State {
+                code: crate::error::codes::UNSUPPORTED,
+                message: format!(
+                    "a delete file names partition spec {spec_id}, which the table does not have"
+                ),
+            });
+        };
+        let builder = ManifestWriterBuilder::new(
+            file_io.new_output(names.next())?,
+            Some(snapshot_id),
+            schema.clone(),
+            (**spec).clone(),
+        );
+        let mut w = if deletes {
+            builder.build_v2_deletes()
+        } else {
+            builder.build_v2_data()
+        };
+        // -1: the entry inherits this snapshot's sequence number; a
+        // rewrite's files keep the starting snapshot's.
+        let data_seq = delta.rewrite.as_ref().map_or(-1, |r| r.data_sequence);
+        for f in files {
+            summary.add_file(f, schema.clone(), spec.clone());
+            w.add_file(f.clone(), data_seq)?;
+        }
+        manifests.push(w.write_manifest_file().await?);
+    }
+    Ok(manifests)
+}
+
+/// The base snapshot's manifests the new one keeps: as they are, or, for a
+/// rewrite, each naming a removed file rewritten without it (what it drops
+/// counted in `removed`).
+async fn carried(
+    file_io: &FileIO,
+    table: &TableState,
+    base: &iceberg::spec::SnapshotRef,
+    delta: &RowDelta,
+    snapshot_id: i64,
+    names: &ManifestNames,
+    removed: &mut Removed,
+) -> Result<Vec<ManifestFile>> {
+    let list = table
+        .table(file_io)?
+        .manifest_list_reader(base)
+        .load()
+        .await?;
+    let Some(r) = delta.rewrite.as_ref().filter(|r| !r.removed.is_empty()) else {
+        return Ok(list.consume_entries().into_iter().collect());
+    };
+    let base: Vec<ManifestFile> = list.consume_entries().into_iter().collect();
+    let mut out = Vec::with_capacity(base.len());
+    for m in base {
+        match drop_entries(
+            file_io,
+            &table.metadata,
+            snapshot_id,
+            &m,
+            &r.removed,
+            removed,
+            || names.next(),
+        )
+        .await?
+        {
+            Some(rewritten) => out.extend(rewritten),
+            None => out.push(m),
+        }
+    }
+    Ok(out)
 }
 
 /// A base manifest naming any of `removed` is rewritten: those entries
@@ -528,6 +582,18 @@ fn pack_end(items: Vec<ManifestFile>, target: u64) -> Vec<Vec<ManifestFile>> {
 mod tests {
     use super::*;
     use iceberg::spec::ManifestContentType;
+
+    #[test]
+    fn one_counter_names_every_manifest_of_a_commit() {
+        // New, rewritten and merged manifests draw from one counter: once
+        // they drew from three (n, 201.., 100 + n), and a 101st merged
+        // manifest took a rewritten one's name.
+        let names = ManifestNames::new("s3://b/t", Uuid::nil());
+        let all: Vec<String> = (0..400).map(|_| names.next()).collect();
+        let distinct: HashSet<&String> = all.iter().collect();
+        assert_eq!(distinct.len(), all.len());
+        assert_eq!(all[0], format!("s3://b/t/metadata/{}-m0.avro", Uuid::nil()));
+    }
 
     fn manifest(path: &str, len: i64) -> ManifestFile {
         ManifestFile {
