@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod nats_conn;
 pub mod nats_log;
 pub mod process;
+pub mod run;
 pub mod traffic;
 pub mod wal;
 

@@ -738,7 +738,7 @@ async fn events_sent_while_the_flows_recover_are_refused_not_dropped() {
         inner: autocdc::service::wal::LocalLogs::new(tmp.path().join("data/flows"), faults.clone()),
         go: held,
     });
-    let starting = tokio::spawn(autocdc::service::http::start_with_logs(cfg, faults, logs));
+    let starting = tokio::spawn(autocdc::service::run::start_with_logs(cfg, faults, logs));
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
     let event = pg_event("customers", "c", 1, Some(&("Ann".into(), 1)), None, 10);

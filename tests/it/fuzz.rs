@@ -211,7 +211,7 @@ fn env_or<T: std::str::FromStr>(var: &str, default: T) -> T {
 }
 
 /// The flow's acknowledged-batch counter and its log's next offset.
-async fn counters(c: &reqwest::Client, r: &autocdc::service::http::Running) -> (u64, i64) {
+async fn counters(c: &reqwest::Client, r: &autocdc::service::run::Running) -> (u64, i64) {
     let st = flow_status(c, r, FLOW).await;
     let s = &st["status"];
     match (
@@ -223,7 +223,7 @@ async fn counters(c: &reqwest::Client, r: &autocdc::service::http::Running) -> (
     }
 }
 
-async fn healthy(c: &reqwest::Client, r: &autocdc::service::http::Running) {
+async fn healthy(c: &reqwest::Client, r: &autocdc::service::run::Running) {
     let s = c.get(url(r, "/healthz")).send().await.unwrap().status();
     assert_eq!(s.as_u16(), 200, "GET /healthz");
 }

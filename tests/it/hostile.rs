@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use autocdc::fault::{FaultPoint, Faults};
-use autocdc::service::http;
+use autocdc::service::run;
 use common::http::*;
 use common::*;
 use serde_json::{Value, json};
@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 /// The server answers, and the flow still commits a good batch.
 async fn still_serving(
     c: &reqwest::Client,
-    r: &autocdc::service::http::Running,
+    r: &autocdc::service::run::Running,
     dir: &std::path::Path,
 ) {
     let health = c.get(url(r, "/healthz")).send().await.unwrap();
@@ -137,7 +137,7 @@ fn a_panic_in_the_committer_degrades_the_flow_and_it_recovers() {
     rt().block_on(async {
         let faults = Arc::new(Faults::default());
         faults.arm_panic(FaultPoint::AfterStateFile, 0);
-        let r = http::start(config(tmp.path(), vec![flow_cfg("c", "20ms")]), faults)
+        let r = run::start(config(tmp.path(), vec![flow_cfg("c", "20ms")]), faults)
             .await
             .unwrap();
         let c = reqwest::Client::new();
@@ -190,7 +190,7 @@ fn a_panic_in_maintenance_fails_the_run_not_the_flow() {
     });
     rt().block_on(async {
         let faults = Arc::new(Faults::default());
-        let r = http::start(config(tmp.path(), vec![cfg]), faults.clone())
+        let r = run::start(config(tmp.path(), vec![cfg]), faults.clone())
             .await
             .unwrap();
         let c = reqwest::Client::new();
@@ -811,7 +811,7 @@ fn a_failed_log_write_is_visible_refused_and_recovers_by_itself() {
     let tmp = tempfile::tempdir().unwrap();
     rt().block_on(async {
         let faults = Arc::new(Faults::default());
-        let r = http::start(
+        let r = run::start(
             config(tmp.path(), vec![flow_cfg("c", "1h")]),
             faults.clone(),
         )

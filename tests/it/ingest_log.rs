@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use autocdc::Result;
 use autocdc::fault::Faults;
-use autocdc::service::http;
+use autocdc::service::run;
 use autocdc::service::wal::{Appended, IngestLog, LogFactory, LogStats, Record};
 use bytes::Bytes;
 use common::http::*;
@@ -169,7 +169,7 @@ fn the_service_runs_on_an_in_memory_log() {
         let first = [u(1, "Oslo", 1), u(2, "Rome", 1), d(1, 2)];
         let second = [u(2, "Lima", 3), u(3, "Kyiv", 1)];
 
-        let r = http::start_with_logs(cfg.clone(), Arc::new(Faults::default()), logs.clone())
+        let r = run::start_with_logs(cfg.clone(), Arc::new(Faults::default()), logs.clone())
             .await
             .unwrap();
         let changes = url(&r, "/v1/flows/m/changes");
@@ -212,7 +212,7 @@ fn the_service_runs_on_an_in_memory_log() {
         r.stop().await.unwrap();
 
         // A restart on the same log resumes after the committed offset.
-        let r = http::start_with_logs(cfg, Arc::new(Faults::default()), logs.clone())
+        let r = run::start_with_logs(cfg, Arc::new(Faults::default()), logs.clone())
             .await
             .unwrap();
         let changes = url(&r, "/v1/flows/m/changes");
@@ -245,7 +245,7 @@ fn commit_waits_for_what_other_instances_appended_to_a_shared_log() {
         // The record another instance appends: `second` as a service logs it.
         let elsewhere = tempfile::tempdir().unwrap();
         let scratch = Arc::new(MemoryLogs::default());
-        let r = http::start_with_logs(
+        let r = run::start_with_logs(
             config(elsewhere.path(), vec![flow_cfg("m", "1h")]),
             Arc::new(Faults::default()),
             scratch.clone(),
@@ -270,7 +270,7 @@ fn commit_waits_for_what_other_instances_appended_to_a_shared_log() {
             shared: true,
             ..MemoryLogs::default()
         });
-        let r = http::start_with_logs(
+        let r = run::start_with_logs(
             config(tmp.path(), vec![flow_cfg("m", "1h")]),
             Arc::new(Faults::default()),
             logs.clone(),

@@ -498,7 +498,7 @@ fn an_unreachable_nats_is_a_config_error_at_start() {
             vec![flow_cfg("m", "1h")],
             nats(&format!("nats://127.0.0.1:{port}"), "X"),
         );
-        let e = autocdc::service::http::start(cfg, Default::default())
+        let e = autocdc::service::run::start(cfg, Default::default())
             .await
             .err()
             .expect("started without NATS");
@@ -507,7 +507,7 @@ fn an_unreachable_nats_is_a_config_error_at_start() {
         let mut bad = nats(&nats_url(), "bad.prefix");
         bad.stream_prefix = "bad.prefix".into();
         let cfg = on_nats(tmp.path(), "data", vec![flow_cfg("m", "1h")], bad);
-        let e = autocdc::service::http::start(cfg, Default::default())
+        let e = autocdc::service::run::start(cfg, Default::default())
             .await
             .err()
             .expect("a dotted prefix was taken");
@@ -549,7 +549,7 @@ fn a_missing_stream_is_not_made_again_for_a_target_with_nats_offsets() {
         let js = async_nats::jetstream::new(async_nats::connect(nats_url()).await.unwrap());
         let name = format!("{p}_m");
         js.delete_stream(&name).await.unwrap();
-        let e = autocdc::service::http::start(
+        let e = autocdc::service::run::start(
             on_nats(tmp.path(), "b", vec![flow_cfg("m", "1h")], n.clone()),
             Default::default(),
         )
@@ -1044,7 +1044,7 @@ fn a_paused_holder_that_resumes_after_a_takeover_loses_and_doubles_nothing() {
 /// status and body.
 async fn await_status(
     client: &reqwest::Client,
-    r: &autocdc::service::http::Running,
+    r: &autocdc::service::run::Running,
     path: &str,
     want: u16,
 ) -> (u16, serde_json::Value) {

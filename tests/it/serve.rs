@@ -11,7 +11,7 @@ use std::sync::Arc;
 use autocdc::config::TokenConfig;
 use autocdc::core::flow::FlowConfig;
 use autocdc::fault::Faults;
-use autocdc::service::http;
+use autocdc::service::run;
 use common::http::*;
 use common::*;
 use serde_json::{Value, json};
@@ -513,7 +513,7 @@ fn flows_are_created_over_http_and_survive_a_restart() {
     });
 }
 
-async fn put_def(c: &reqwest::Client, r: &http::Running, flow: &str, def: &Value) -> (u16, Value) {
+async fn put_def(c: &reqwest::Client, r: &run::Running, flow: &str, def: &Value) -> (u16, Value) {
     let resp = c
         .put(url(r, &format!("/v1/flows/{flow}")))
         .json(def)
@@ -607,7 +607,7 @@ fn a_definition_put_over_http_evolves_the_table() {
 }
 
 /// The flow's declared columns as (name, type), from `GET /v1/flows/{flow}`.
-async fn declared(c: &reqwest::Client, r: &http::Running, flow: &str) -> Vec<(String, String)> {
+async fn declared(c: &reqwest::Client, r: &run::Running, flow: &str) -> Vec<(String, String)> {
     let v = get_json(c, r, &format!("/v1/flows/{flow}")).await;
     v["definition"]["columns"]
         .as_array()
@@ -930,7 +930,7 @@ fn failing_commits_are_retried_and_readyz_says_degraded() {
         for nth in 0..3 {
             faults.arm(FaultPoint::AfterStateCommit, nth);
         }
-        let r = http::start(config(tmp.path(), vec![flow_cfg("c", "20ms")]), faults)
+        let r = run::start(config(tmp.path(), vec![flow_cfg("c", "20ms")]), faults)
             .await
             .unwrap();
         let c = reqwest::Client::new();

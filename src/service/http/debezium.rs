@@ -11,10 +11,10 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::{
-    ApiError, ApiResult, ChangesResponse, ErrorResponse, SchemaEvolution, authorize, decode_body,
-    idempotency_key,
-};
+use super::errors::{ApiError, ApiResult, ErrorResponse};
+use super::guards::authorize;
+use super::ingest::{ChangesResponse, decode_body, idempotency_key};
+use crate::core::flow::SchemaEvolution;
 use crate::error::Error;
 use crate::service::Service;
 use crate::service::input;

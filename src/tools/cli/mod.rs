@@ -105,7 +105,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             if let Some(l) = listen {
                 cfg.server.listen = l;
             }
-            crate::service::http::serve(cfg, Arc::new(Faults::default())).await
+            crate::service::run::serve(cfg, Arc::new(Faults::default())).await
         }
         Command::Push {
             url,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use autocdc::config::{CatalogConfig, Config, ServerConfig};
 use autocdc::core::flow::FlowConfig;
 use autocdc::fault::Faults;
-use autocdc::service::http::{self, Running};
+use autocdc::service::run::{self, Running};
 use autocdc::table::catalog::Catalog;
 use autocdc::table::catalog::hadoop::HadoopCatalog;
 use serde_json::{Value, json};
@@ -40,7 +40,7 @@ pub fn config(dir: &Path, flows: Vec<FlowConfig>) -> Config {
 }
 
 pub async fn start(cfg: Config) -> Running {
-    http::start(cfg, Arc::new(Faults::default())).await.unwrap()
+    run::start(cfg, Arc::new(Faults::default())).await.unwrap()
 }
 
 pub fn url(r: &Running, path: &str) -> String {
