@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use arrow_array::RecordBatch;
 
-use super::{COMMIT_BUCKETS, Committed, FlowRuntime, Inner, MAX_BACKOFF, now_ms};
+use super::runtime::{COMMIT_BUCKETS, Committed, FlowRuntime, Inner};
+use super::{MAX_BACKOFF, now_ms};
 use crate::config::MaintenanceSchedule;
 use crate::error::{Error, Result, codes};
 use crate::fault::Faults;
