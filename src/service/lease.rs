@@ -17,11 +17,13 @@
 //!   except when the process itself was paused: a commit it resumes loses
 //!   on the catalog's compare-and-swap, and the offsets the target records
 //!   make a repeat harmless.
-//! - Flows spread over the live instances by rendezvous hashing: instances
-//!   announce themselves in `<stream_prefix>_INSTANCES` (same TTL); each
-//!   takes only the flows it ranks first for, gives back the ones it no
-//!   longer ranks first for, and takes any lease that stayed vacant for a
-//!   whole TTL (its first-ranked instance is not taking it).
+//! - Flows spread over the live instances by consistent hashing with
+//!   bounded loads (`assign`: rendezvous ranks, at most ceil(flows /
+//!   instances) each): instances announce themselves in
+//!   `<stream_prefix>_INSTANCES` (same TTL); each takes only the flows
+//!   assigned to it, gives back the ones no longer assigned to it, and takes
+//!   any lease that stayed vacant for a whole TTL (its assignee is not
+//!   taking it).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -135,10 +137,41 @@ impl Leases {
         Ok(out)
     }
 
-    /// The instance that ranks first for `flow` among `live`.
-    fn first_for<'a>(flow: &str, live: &'a HashSet<String>) -> Option<&'a String> {
-        live.iter()
-            .max_by_key(|i| xxhash_rust::xxh3::xxh3_64(format!("{flow}\n{i}").as_bytes()))
+    /// Which live instance commits each flow: consistent hashing with
+    /// bounded loads. Flows in the order of their own hash each go to the
+    /// instance that ranks highest for them (rendezvous) among those below
+    /// ceil(flows / instances), so no instance holds more than that, and
+    /// a flow moves only when an instance comes or goes or a flow is added
+    /// or removed ahead of it. Every instance computes the same answer from
+    /// the same flows and live set; while their views differ, the vacancy
+    /// rule in `tick_flow` fills any gap.
+    pub fn assign<'a>(flows: &'a [String], live: &'a HashSet<String>) -> HashMap<&'a str, &'a str> {
+        let mut out = HashMap::with_capacity(flows.len());
+        if live.is_empty() {
+            return out;
+        }
+        let cap = flows.len().div_ceil(live.len());
+        let mut instances: Vec<&str> = live.iter().map(String::as_str).collect();
+        instances.sort_unstable();
+        let mut load: HashMap<&str, usize> = HashMap::with_capacity(instances.len());
+        let mut order: Vec<&str> = flows.iter().map(String::as_str).collect();
+        order.sort_unstable_by_key(|f| (xxhash_rust::xxh3::xxh3_64(f.as_bytes()), *f));
+        order.dedup();
+        let rank =
+            |flow: &str, i: &str| xxhash_rust::xxh3::xxh3_64(format!("{flow}\n{i}").as_bytes());
+        for flow in order {
+            let mut ranked = instances.clone();
+            ranked.sort_unstable_by_key(|i| (std::cmp::Reverse(rank(flow, i)), *i));
+            let Some(i) = ranked
+                .into_iter()
+                .find(|i| load.get(i).copied().unwrap_or(0) < cap)
+            else {
+                continue;
+            };
+            *load.entry(i).or_default() += 1;
+            out.insert(flow, i);
+        }
+        out
     }
 
     /// Whether this instance may commit `flow` now: it holds the lease and
@@ -176,15 +209,16 @@ impl Leases {
                 return;
             }
         };
+        let owners = Self::assign(flows, &live);
         for flow in flows {
-            if let Err(e) = self.tick_flow(flow, &live).await {
+            let mine = owners.get(flow.as_str()) == Some(&self.me.as_str());
+            if let Err(e) = self.tick_flow(flow, mine).await {
                 tracing::warn!(flow = %flow, error = %e, "lease_tick_failed");
             }
         }
     }
 
-    async fn tick_flow(&self, flow: &str, live: &HashSet<String>) -> Result<()> {
-        let first = Self::first_for(flow, live).is_some_and(|i| *i == self.me);
+    async fn tick_flow(&self, flow: &str, first: bool) -> Result<()> {
         let held = self.lock().get(flow).and_then(|l| l.revision.zip(l.epoch));
         if let Some((rev, epoch)) = held {
             if !first {
@@ -303,5 +337,96 @@ impl Leases {
             self.release(&flow).await;
         }
         let _ = self.instances.delete(&self.me).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(prefix: &str, n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("{prefix}{i}")).collect()
+    }
+
+    fn loads<'a>(owners: &HashMap<&'a str, &'a str>) -> HashMap<&'a str, usize> {
+        let mut out = HashMap::new();
+        for i in owners.values() {
+            *out.entry(*i).or_default() += 1;
+        }
+        out
+    }
+
+    #[test]
+    fn six_flows_over_three_instances_are_two_each() {
+        // Rendezvous hashing alone gave these 3, 0, 3.
+        let flows = names("flow", 6);
+        let live: HashSet<String> = names("instance-", 3).into_iter().collect();
+        let owners = Leases::assign(&flows, &live);
+        assert_eq!(owners.len(), 6);
+        let l = loads(&owners);
+        assert_eq!(l.len(), 3, "{l:?}");
+        assert!(l.values().all(|&n| n == 2), "{l:?}");
+    }
+
+    #[test]
+    fn every_flow_goes_to_one_live_instance_and_none_holds_more_than_its_share() {
+        for n in 1..8 {
+            let live: HashSet<String> = names("i", n).into_iter().collect();
+            for f in 0..50 {
+                let flows = names("f", f);
+                let owners = Leases::assign(&flows, &live);
+                assert_eq!(owners.len(), f);
+                assert!(owners.values().all(|i| live.contains(*i)));
+                let cap = f.div_ceil(n);
+                assert!(
+                    loads(&owners).values().all(|&l| l <= cap),
+                    "{f} flows, {n} instances"
+                );
+                // The same answer whatever order the flows and instances come in.
+                let mut reversed = flows.clone();
+                reversed.reverse();
+                let other: HashSet<String> = names("i", n).into_iter().rev().collect();
+                assert_eq!(Leases::assign(&reversed, &other), owners);
+            }
+        }
+    }
+
+    #[test]
+    fn an_instance_joining_or_leaving_moves_few_flows() {
+        let flows = names("orders-", 60);
+        for n in 2..6 {
+            let before: HashSet<String> = names("i", n).into_iter().collect();
+            let after: HashSet<String> = names("i", n + 1).into_iter().collect();
+            let a = Leases::assign(&flows, &before);
+            let b = Leases::assign(&flows, &after);
+            let moved = flows
+                .iter()
+                .filter(|f| a[f.as_str()] != b[f.as_str()])
+                .count();
+            // The newcomer's share must move to it; bounded loads may move
+            // a few more, never a reshuffle.
+            let share = flows.len().div_ceil(n + 1);
+            assert!(moved >= flows.len() / (n + 1), "{moved} moved joining {n}");
+            assert!(
+                moved <= 2 * share,
+                "{moved} of {} moved when instance {n} joined",
+                flows.len()
+            );
+            // One leaving: its flows must move; the others' mostly stay.
+            let mut gone = after.clone();
+            gone.remove("i0");
+            let c = Leases::assign(&flows, &gone);
+            let orphaned = flows.iter().filter(|f| b[f.as_str()] == "i0").count();
+            let moved = flows
+                .iter()
+                .filter(|f| b[f.as_str()] != c[f.as_str()])
+                .count();
+            assert!(moved >= orphaned);
+            assert!(
+                moved <= 2 * flows.len().div_ceil(n),
+                "{moved} moved when i0 left {}",
+                n + 1
+            );
+        }
     }
 }
