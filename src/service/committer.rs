@@ -15,6 +15,10 @@ use crate::error::{Error, Result, codes};
 use crate::fault::Faults;
 use crate::table::catalog::Catalog;
 use crate::table::engine::{CommitReport, Engine, StateSummary};
+
+/// How often a non-holder asks the holder again for a commit a client
+/// waits for.
+const ASK_AGAIN: Duration = Duration::from_secs(1);
 use crate::table::engine::{MaintainOptions, MaintenanceReport};
 
 /// The committer of one flow. Cadence: while data arrives, commits start
@@ -42,6 +46,9 @@ pub(super) async fn committer(
     // On a shared log: the lease epoch this committer works under (none:
     // another instance commits the flow).
     let mut held = if rt.leased() { None } else { Some(0) };
+    // On a shared log, not holding: when this instance last asked the
+    // holder to commit for a waiting client.
+    let mut last_ask: Option<std::time::Instant> = None;
     loop {
         let stopping = *stop.borrow();
         if !stopping {
@@ -73,11 +80,23 @@ pub(super) async fn committer(
                 if let Err(e) = follow(&rt, &catalog).await {
                     tracing::warn!(flow = %rt.flow.name, error = %e, "follow_failed");
                 }
-                if rt.requested.load(std::sync::atomic::Ordering::SeqCst)
-                    > rt.committed.borrow().offset
-                {
-                    // A client waits for a commit another instance makes.
+                let asked = rt.requested.load(std::sync::atomic::Ordering::SeqCst);
+                if asked > rt.committed.borrow().offset {
+                    // A client waits for a commit another instance makes:
+                    // ask the holder for it (again each second, as a
+                    // request is lost while the lease changes hands), and
+                    // look for it every 200 ms.
                     next_start = tokio::time::Instant::now() + Duration::from_millis(200);
+                    if last_ask.is_none_or(|t: std::time::Instant| t.elapsed() >= ASK_AGAIN)
+                        && let Some(l) = &rt.leases
+                    {
+                        if let Err(e) = l.ask_commit(&rt.flow.name, asked).await {
+                            tracing::warn!(flow = %rt.flow.name, error = %e, "ask_commit_failed");
+                        }
+                        last_ask = Some(std::time::Instant::now());
+                    }
+                } else {
+                    last_ask = None;
                 }
                 continue;
             }

@@ -69,6 +69,10 @@ struct FlowLease {
 pub struct Leases {
     leases: kv::Store,
     instances: kv::Store,
+    /// Core NATS, for `ask_commit` and `commit_requests`.
+    client: async_nats::Client,
+    /// `<stream_prefix>.commit-now`: `.<flow>` asks the holder to commit.
+    commit_subject: String,
     me: String,
     ttl: Duration,
     flows: Mutex<HashMap<String, FlowLease>>,
@@ -94,6 +98,8 @@ impl Leases {
         let leases = Leases {
             leases: open("LEASES").await?,
             instances: open("INSTANCES").await?,
+            client: js.client(),
+            commit_subject: format!("{prefix}.commit-now"),
             me,
             ttl,
             flows: Mutex::new(HashMap::new()),
@@ -104,6 +110,35 @@ impl Leases {
 
     pub fn me(&self) -> &str {
         &self.me
+    }
+
+    /// Asks whichever instance holds `flow` to commit through `offset` now
+    /// (a client waits here for a commit): a core NATS message, lost if
+    /// no one holds the flow, so the asker repeats it while it waits.
+    pub async fn ask_commit(&self, flow: &str, offset: i64) -> Result<()> {
+        self.client
+            .publish(
+                format!("{}.{flow}", self.commit_subject),
+                offset.to_string().into(),
+            )
+            .await
+            .map_err(|e| Error::Unavailable(format!("NATS: asking for a commit: {e}")))
+    }
+
+    /// The requests of `ask_commit` for any flow: (flow, offset) pairs,
+    /// read by the holder's `run::answer_commit_requests`.
+    pub async fn commit_requests(&self) -> Result<async_nats::Subscriber> {
+        self.client
+            .subscribe(format!("{}.*", self.commit_subject))
+            .await
+            .map_err(|e| Error::Unavailable(format!("NATS: subscribing to commit requests: {e}")))
+    }
+
+    /// A request of `ask_commit`, read back: the flow and the offset.
+    pub fn commit_request(message: &async_nats::Message) -> Option<(&str, i64)> {
+        let flow = message.subject.as_str().rsplit('.').next()?;
+        let offset = std::str::from_utf8(&message.payload).ok()?.parse().ok()?;
+        Some((flow, offset))
     }
 
     /// How often `tick` should run.

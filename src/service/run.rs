@@ -142,9 +142,61 @@ async fn start_inner(
     })
 }
 
+/// On a shared log: the leases kept, and other instances' requests for a
+/// commit of a flow held here answered, until `stop`.
+async fn lease_loop(
+    service: Arc<Service>,
+    leases: Arc<crate::service::lease::Leases>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    tokio::join!(
+        keep_leases(service.clone(), leases.clone(), stop.clone()),
+        answer_commit_requests(service, leases, stop),
+    );
+}
+
+/// Commits a flow held here at once when another instance asks: a client
+/// waits there on `/commit` or `?wait=commit`, which would otherwise wait
+/// for this instance's next `commit_interval` tick.
+async fn answer_commit_requests(
+    service: Arc<Service>,
+    leases: Arc<crate::service::lease::Leases>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use futures::StreamExt;
+    let mut requests = loop {
+        match leases.commit_requests().await {
+            Ok(s) => break s,
+            Err(e) => {
+                tracing::warn!(error = %e, "commit_requests_unavailable");
+                tokio::select! {
+                    _ = tokio::time::sleep(leases.period()) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        }
+    };
+    loop {
+        let message = tokio::select! {
+            m = requests.next() => m,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        // None: the connection is gone for good (the client was dropped).
+        let Some(message) = message else { return };
+        let Some((flow, offset)) = crate::service::lease::Leases::commit_request(&message) else {
+            continue;
+        };
+        if let Ok(rt) = service.flow(flow)
+            && rt.commits_here().is_some()
+        {
+            rt.commit_through(offset);
+        }
+    }
+}
+
 /// Renews, takes and gives back the flows' leases every quarter of their
 /// TTL, and wakes a flow's committer when its lease changed hands.
-async fn lease_loop(
+async fn keep_leases(
     service: Arc<Service>,
     leases: Arc<crate::service::lease::Leases>,
     mut stop: tokio::sync::watch::Receiver<bool>,

@@ -1256,9 +1256,18 @@ fn an_instance_started_beside_the_holder_keeps_nothing_pending_and_answers_commi
         let st = flow_status(&client, other, "m").await;
         assert_eq!(st["status"]["pending_batches"], 0, "{st}");
         assert_eq!(st["status"]["committed_offset"], 0, "{st}");
-        let c = commit(&client, holder, "m").await;
-        assert_eq!(c["offset"], 3, "{c}");
+        // `/commit` on the other instance asks the holder to commit now (the
+        // flow's commit_interval is an hour): it answers once that commit
+        // is made. (It once waited for the holder's next tick, and timed out.)
+        let started = std::time::Instant::now();
         let c = commit(&client, other, "m").await;
+        assert_eq!(c["offset"], 3, "{c}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        let c = commit(&client, holder, "m").await;
         assert_eq!(c["offset"], 3, "{c}");
         assert_eq!(table(tmp.path(), "m").await, expected(&all));
         a.stop().await.unwrap();
