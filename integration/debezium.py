@@ -34,6 +34,7 @@ import argparse
 import datetime
 import glob
 import json
+import re
 import os
 import pwd
 import shutil
@@ -87,6 +88,32 @@ ICEBERG_TYPES = {
 
 class Fail(Exception):
     pass
+
+
+REFUSAL = re.compile(r"^POST /v1/debezium: (4\d\d) ")
+
+
+def post_or_one_by_one(post, records, values, refused, lock, label):
+    """Posts `records` with `post` (which raises Fail on a non-2xx answer).
+    When autocdc refuses the body (a 4xx), posts them one by one, so each
+    refused event is recorded in `refused` as (event, answer), under
+    `lock`, and the others still land. Any other failure is raised."""
+    try:
+        post(records)
+    except Fail as e:
+        if not REFUSAL.match(str(e)) or not values:
+            raise
+        log(f"{label}: autocdc refused a body of {len(values)} events ({e}); posting them one by one")
+        for r in records:
+            if r.value() is None:
+                continue
+            try:
+                post([r])
+            except Fail as e1:
+                if not REFUSAL.match(str(e1)):
+                    raise
+                with lock:
+                    refused.append((str(r.value()), str(e1)))
 
 
 def free_port():

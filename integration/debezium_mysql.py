@@ -371,7 +371,6 @@ def debezium_properties(host, port, work):
 # ---------------------------------------------------------------- Debezium
 
 
-REFUSAL = re.compile(r"^POST /v1/debezium: (4\d\d) ")
 
 
 class Record:
@@ -428,22 +427,7 @@ class Watcher:
             for v in values:
                 self.events.write(v + "\n")
             self.events.flush()
-        try:
-            self.post(records)
-        except Fail as e:
-            if not REFUSAL.match(str(e)) or len(values) == 0:
-                raise
-            log(f"debezium: autocdc refused a body of {len(values)} events ({e}); posting them one by one")
-            for r in records:
-                if r.value() is None:
-                    continue
-                try:
-                    self.post([r])
-                except Fail as e1:
-                    if not REFUSAL.match(str(e1)):
-                        raise
-                    with self.lock:
-                        self.refused.append((str(r.value()), str(e1)))
+        dbz.post_or_one_by_one(self.post, records, values, self.refused, self.lock, "debezium")
         for v in values:
             p = dbz.scenario.payload(json.loads(v)) or {}
             op, source = p.get("op"), p.get("source") or {}

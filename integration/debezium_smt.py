@@ -55,7 +55,6 @@ usage: debezium_smt.py AUTOCDC_BIN WORK_DIR [--modes schemas,bare] [--pg HOST:PO
 import argparse
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -84,7 +83,6 @@ DELETE_SETTINGS["both"] = {**DELETE_SETTINGS["docs"], **DELETE_SETTINGS["new"]}
 
 TRUNCATE_STEP = "TRUNCATE orders"  # the STREAM_STEPS label left out
 PLACEHOLDER = "__debezium_unavailable_value"
-REFUSAL = re.compile(r"^POST /v1/debezium: (4\d\d) ")
 
 
 class Watcher:
@@ -114,22 +112,7 @@ class Watcher:
             for v in values:
                 self.events.write(v + "\n")
             self.events.flush()
-        try:
-            self.post(records)
-        except Fail as e:
-            if not REFUSAL.match(str(e)) or not values:
-                raise
-            log(f"{self.mode}: autocdc refused a body of {len(values)} events ({e}); posting them one by one")
-            for r in records:
-                if r.value() is None:
-                    continue
-                try:
-                    self.post([r])
-                except Fail as e1:
-                    if not REFUSAL.match(str(e1)):
-                        raise
-                    with self.lock:
-                        self.refused.append((str(r.value()), str(e1)))
+        dbz.post_or_one_by_one(self.post, records, values, self.refused, self.lock, self.mode)
         for v in values:
             p = scenario.payload(json.loads(v)) or {}
             kind = (p.get("__table"), p.get("__op"), p.get("__deleted"))
