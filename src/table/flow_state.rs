@@ -23,6 +23,8 @@ use crate::table::state_table;
 const COMPACTION_RATIO: u64 = 3;
 const COMPACTION_MIN_ROWS: u64 = 100_000;
 
+// One per flow: the codec's size beside `KeyIndex` does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum FlowState {
     /// SCD Type 1: per key the latest change's sequence, fingerprint and
     /// live row (or tombstone).

@@ -3686,8 +3686,8 @@ fn nested_changes_open_scd2_versions() {
     );
 }
 
-/// With ignore_null_updates a missing nested column keeps its value (the
-/// whole column: a null field inside a struct is a value).
+/// With ignore_null_updates a missing nested column keeps its value, and a
+/// null field inside a struct keeps that field's value.
 #[test]
 fn a_null_nested_column_keeps_its_value_with_ignore_null_updates() {
     steps(
@@ -3703,8 +3703,117 @@ fn a_null_nested_column_keeps_its_value_with_ignore_null_updates() {
             ),
             (
                 r#"{"id": 1, "address": {"city": "York"}, "seq": 3}"#,
-                rows(&[&["1", "{city: York, zip: NULL}", "[b]", "{x: 1}", "3"]]),
+                rows(&[&["1", "{city: York, zip: 1}", "[b]", "{x: 1}", "3"]]),
             ),
+        ],
+    );
+}
+
+/// Spark: Scd1LeafLevelReconciliationSuite, "reconstructs nested structs
+/// from selected leaves": with ignore_null_updates a null field inside a
+/// struct keeps that field's previous value and the other fields take the
+/// new ones, at any depth, in every order and batching.
+#[test]
+fn scd1_ignore_null_updates_reconstructs_nested_structs_from_selected_leaves() {
+    scenario(
+        &nested_flow(1, "ignore_null_updates = true"),
+        &[
+            r#"
+            {"id": 1, "address": {"city": "San Francisco", "zip": 94107}, "seq": 1}
+            {"id": 2, "address": {"city": "Leeds", "zip": 1}, "seq": 1}
+            {"id": 3, "address": {"city": "Bath", "zip": 5}, "seq": 1}
+            "#,
+            r#"
+            {"id": 1, "address": {"city": null, "zip": 10001}, "seq": 2}
+            {"id": 2, "address": {"zip": 2}, "seq": 2}
+            {"id": 2, "address": {"city": "York"}, "seq": 3}
+            {"id": 3, "address": null, "seq": 2}
+            {"id": 4, "address": {"city": null, "zip": 7}, "seq": 1}
+            "#,
+        ],
+        &[
+            &[
+                "1",
+                "{city: San Francisco, zip: 10001}",
+                "NULL",
+                "NULL",
+                "2",
+            ],
+            &["2", "{city: York, zip: 2}", "NULL", "NULL", "3"],
+            &["3", "{city: Bath, zip: 5}", "NULL", "NULL", "2"],
+            &["4", "{city: NULL, zip: 7}", "NULL", "NULL", "1"],
+        ],
+    );
+    // With ties refused, older values a later upsert overwrites are dropped
+    // from the state: a struct with a null field must not count as one.
+    scenario(
+        &nested_flow(1, "ignore_null_updates = true\non_sequence_tie = \"error\""),
+        &[
+            r#"{"id": 1, "address": {"city": "San Francisco", "zip": 94107}, "seq": 1}"#,
+            r#"{"id": 1, "address": {"city": null, "zip": 10001}, "seq": 2}"#,
+            r#"{"id": 1, "address": {"city": null, "zip": 10002}, "seq": 3}"#,
+        ],
+        &[&[
+            "1",
+            "{city: San Francisco, zip: 10002}",
+            "NULL",
+            "NULL",
+            "3",
+        ]],
+    );
+    // The column-subset form: only `address` ignores nulls; `tags` takes them.
+    scenario(
+        &nested_flow(1, "ignore_null_updates_column_list = [\"address\"]"),
+        &[r#"
+            {"id": 1, "address": {"city": "San Francisco", "zip": 94107}, "tags": ["a"], "seq": 1}
+            {"id": 1, "address": {"city": null, "zip": 10001}, "tags": null, "seq": 2}
+            "#],
+        &[&[
+            "1",
+            "{city: San Francisco, zip: 10001}",
+            "NULL",
+            "NULL",
+            "2",
+        ]],
+    );
+}
+
+/// Deeper structs: a null leaf two levels down keeps its value; SCD Type 2
+/// opens a version with the reconciled value.
+#[test]
+fn scd2_ignore_null_updates_reconciles_leaves_of_nested_structs() {
+    scenario(
+        r#"
+keys = ["id"]
+sequence_by = "seq"
+stored_as_scd_type = 2
+ignore_null_updates = true
+track_history_except_column_list = ["seq"]
+columns = [
+  { name = "id", type = "int" },
+  { name = "p", type = "struct<name: string, home: struct<city: string, zip: int>>" },
+  { name = "seq", type = "long" },
+]
+"#,
+        &[r#"
+        {"id": 1, "p": {"name": "Al", "home": {"city": "Leeds", "zip": 1}}, "seq": 1}
+        {"id": 1, "p": {"name": null, "home": {"city": null, "zip": 2}}, "seq": 2}
+        "#],
+        &[
+            &[
+                "1",
+                "{name: Al, home: {city: Leeds, zip: 1}}",
+                "1",
+                "1",
+                "2",
+            ],
+            &[
+                "1",
+                "{name: Al, home: {city: Leeds, zip: 2}}",
+                "2",
+                "2",
+                "NULL",
+            ],
         ],
     );
 }

@@ -39,6 +39,10 @@ pub struct HistCodec {
     /// null under `ignore_null_updates`; a Debezium flow's placeholder in
     /// its `toasted_columns`), or None: the column's nulls are values.
     keep: Vec<Option<Box<[u8]>>>,
+    /// Per value column: a struct whose nulls are ignored, so a null field
+    /// inside it keeps that field's current value (Spark's leaf-level
+    /// reconciliation) while the other fields take the new values.
+    leaves: Vec<bool>,
     /// SCD Type 1 with ties rejected: values later upserts overwrite can go.
     prune: bool,
 }
@@ -99,6 +103,16 @@ impl HistCodec {
                 Ok(Some(rows.row(0).as_ref().into()))
             })
             .collect::<Result<Vec<_>>>()?;
+        let leaves = cols
+            .iter()
+            .map(|c| {
+                // A Debezium flow ignores placeholders, not nulls: a null
+                // field there is a value.
+                ignored.contains(c)
+                    && !flow.debezium
+                    && matches!(flow.source_arrow.field(*c).data_type(), DataType::Struct(_))
+            })
+            .collect();
         let null_vals = Vals::new(nulls.iter().map(|n| &**n));
         Ok(HistCodec {
             cols,
@@ -109,6 +123,7 @@ impl HistCodec {
             tracked,
             scd2: flow.scd2,
             keep,
+            leaves,
             prune: !flow.scd2 && flow.on_tie == TiePolicy::Error,
         })
     }
@@ -132,6 +147,29 @@ impl HistCodec {
     /// which is a null where the key has no earlier value.
     fn placeholder(&self, col: usize, v: &[u8]) -> bool {
         self.keeps(col, v) && !self.is_null(col, v)
+    }
+
+    /// Whether `v`, in a struct column whose nulls are ignored, is a struct
+    /// with a null field somewhere inside (not a null struct: that keeps
+    /// the whole value, as `keeps` says).
+    fn has_null_leaf(&self, col: usize, v: &[u8]) -> bool {
+        if !self.leaves[col] || self.is_null(col, v) {
+            return false;
+        }
+        self.decode(col, std::iter::once(v))
+            .is_ok_and(|a| null_leaf(a.as_any().downcast_ref()))
+    }
+
+    /// `new` with each null field inside it (at any depth of structs) taken
+    /// from `prev`; None when either does not decode (then `new` stands).
+    fn merge_leaves(&self, col: usize, prev: &[u8], new: &[u8]) -> Option<Box<[u8]>> {
+        let a = self.decode(col, std::iter::once(prev)).ok()?;
+        let b = self.decode(col, std::iter::once(new)).ok()?;
+        let merged = merge_struct(a.as_any().downcast_ref()?, b.as_any().downcast_ref()?)?;
+        let rows = self.convs[col]
+            .convert_columns(&[nested::row_view(&merged).ok()?])
+            .ok()?;
+        Some(rows.row(0).as_ref().into())
     }
 
     /// The value columns of `batch`, encoded.
@@ -243,15 +281,27 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
         let ev = e.vals();
         let mut unfilled = false;
         let merged: Option<Vals> = match &cur {
-            Some(v) if ignoring && (0..ev.len()).any(|c| hc.keeps(c, ev.get(c))) => {
+            Some(v)
+                if ignoring
+                    && (0..ev.len())
+                        .any(|c| hc.keeps(c, ev.get(c)) || hc.has_null_leaf(c, ev.get(c))) =>
+            {
                 let prev = v.vals(events);
-                Some(Vals::new(
-                    ev.iter().enumerate().map(
-                        |(c, b)| {
-                            if hc.keeps(c, b) { prev.get(c) } else { b }
-                        },
-                    ),
-                ))
+                let leaves: Vec<Option<Box<[u8]>>> = (0..ev.len())
+                    .map(|c| {
+                        let (p, b) = (prev.get(c), ev.get(c));
+                        (hc.has_null_leaf(c, b) && !hc.is_null(c, p))
+                            .then(|| hc.merge_leaves(c, p, b))
+                            .flatten()
+                    })
+                    .collect();
+                Some(Vals::new(ev.iter().enumerate().map(|(c, b)| {
+                    if hc.keeps(c, b) {
+                        prev.get(c)
+                    } else {
+                        leaves[c].as_deref().unwrap_or(b)
+                    }
+                })))
             }
             // A placeholder with no earlier value is a null.
             None if ignoring && (0..ev.len()).any(|c| hc.placeholder(c, ev.get(c))) => {
@@ -345,7 +395,10 @@ pub(super) fn prune(hc: &HistCodec, events: &mut [Event]) {
             *e = e.with_vals(hc.null_vals.as_ref());
         }
         for c in nonnull {
-            covered[c] = true;
+            // A struct with a null field leaves that field to earlier values.
+            if !hc.has_null_leaf(c, e.vals().get(c)) {
+                covered[c] = true;
+            }
         }
         // A column whose nulls are not ignored is decided by the latest upsert.
         for (c, keep) in hc.keep.iter().enumerate() {
@@ -392,4 +445,45 @@ pub(super) fn refold_from(hc: &HistCodec, old: &[Event], first: usize) -> usize 
         j -= 1;
     }
     j
+}
+
+/// Whether a one-row struct has a null field inside it (at any depth of
+/// structs; a null struct field counts, its own fields are not looked at).
+fn null_leaf(s: Option<&arrow_array::StructArray>) -> bool {
+    use arrow_array::Array;
+    let Some(s) = s else { return false };
+    s.columns()
+        .iter()
+        .any(|c| c.is_null(0) || null_leaf(c.as_any().downcast_ref::<arrow_array::StructArray>()))
+}
+
+/// Struct `new` (one row) with each null field taken from `prev` (one row,
+/// not null), recursing into fields that are structs in both.
+fn merge_struct(
+    prev: &arrow_array::StructArray,
+    new: &arrow_array::StructArray,
+) -> Option<ArrayRef> {
+    use arrow_array::{Array, StructArray};
+    if prev.is_null(0) || new.is_null(0) {
+        return None;
+    }
+    let columns = prev
+        .columns()
+        .iter()
+        .zip(new.columns())
+        .map(|(p, n)| {
+            if n.is_null(0) {
+                return Some(p.clone());
+            }
+            match (
+                p.as_any().downcast_ref::<StructArray>(),
+                n.as_any().downcast_ref::<StructArray>(),
+            ) {
+                (Some(ps), Some(ns)) if !ps.is_null(0) => merge_struct(ps, ns),
+                _ => Some(n.clone()),
+            }
+        })
+        .collect::<Option<Vec<ArrayRef>>>()?;
+    let merged = StructArray::try_new(new.fields().clone(), columns, new.nulls().cloned()).ok()?;
+    Some(std::sync::Arc::new(merged))
 }
