@@ -149,22 +149,26 @@ impl HistCodec {
         self.keeps(col, v) && !self.is_null(col, v)
     }
 
-    /// Whether `v`, in a struct column whose nulls are ignored, is a struct
-    /// with a null field somewhere inside (not a null struct: that keeps
-    /// the whole value, as `keeps` says).
-    fn has_null_leaf(&self, col: usize, v: &[u8]) -> bool {
+    /// `v` decoded, when it is a struct with a null field somewhere inside
+    /// in a struct column whose nulls are ignored (not a null struct: that
+    /// keeps the whole value, as `keeps` says).
+    fn with_null_leaf(&self, col: usize, v: &[u8]) -> Option<ArrayRef> {
         if !self.leaves[col] || self.is_null(col, v) {
-            return false;
+            return None;
         }
-        self.decode(col, std::iter::once(v))
-            .is_ok_and(|a| null_leaf(a.as_any().downcast_ref()))
+        let a = self.decode(col, std::iter::once(v)).ok()?;
+        null_leaf(a.as_any().downcast_ref()).then_some(a)
     }
 
     /// `new` with each null field inside it (at any depth of structs) taken
-    /// from `prev`; None when either does not decode (then `new` stands).
+    /// from `prev`; None when there is nothing to take (`new` has no null
+    /// field, `prev` is null) or a value does not decode: `new` stands.
     fn merge_leaves(&self, col: usize, prev: &[u8], new: &[u8]) -> Option<Box<[u8]>> {
+        if self.is_null(col, prev) {
+            return None;
+        }
+        let b = self.with_null_leaf(col, new)?;
         let a = self.decode(col, std::iter::once(prev)).ok()?;
-        let b = self.decode(col, std::iter::once(new)).ok()?;
         let merged = merge_struct(a.as_any().downcast_ref()?, b.as_any().downcast_ref()?)?;
         let rows = self.convs[col]
             .convert_columns(&[nested::row_view(&merged).ok()?])
@@ -268,6 +272,7 @@ impl Version {
 /// `ignore_null_updates` are copied.
 pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
     let ignoring = hc.keep.iter().any(Option::is_some);
+    let any_leaves = hc.leaves.contains(&true);
     let mut out = Vec::new();
     let mut cur: Option<Version> = None;
     for (i, e) in events.iter().enumerate() {
@@ -281,27 +286,28 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
         let ev = e.vals();
         let mut unfilled = false;
         let merged: Option<Vals> = match &cur {
-            Some(v)
-                if ignoring
-                    && (0..ev.len())
-                        .any(|c| hc.keeps(c, ev.get(c)) || hc.has_null_leaf(c, ev.get(c))) =>
-            {
+            Some(v) if ignoring => {
                 let prev = v.vals(events);
-                let leaves: Vec<Option<Box<[u8]>>> = (0..ev.len())
-                    .map(|c| {
-                        let (p, b) = (prev.get(c), ev.get(c));
-                        (hc.has_null_leaf(c, b) && !hc.is_null(c, p))
-                            .then(|| hc.merge_leaves(c, p, b))
-                            .flatten()
-                    })
-                    .collect();
-                Some(Vals::new(ev.iter().enumerate().map(|(c, b)| {
-                    if hc.keeps(c, b) {
-                        prev.get(c)
-                    } else {
-                        leaves[c].as_deref().unwrap_or(b)
-                    }
-                })))
+                // Struct values reconciled leaf by leaf (none without
+                // such columns: no allocation per event then).
+                let leaves: Vec<Option<Box<[u8]>>> = if any_leaves {
+                    (0..ev.len())
+                        .map(|c| hc.merge_leaves(c, prev.get(c), ev.get(c)))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                let leaf = |c: usize| leaves.get(c).and_then(Option::as_deref);
+                let merging = (0..ev.len()).any(|c| hc.keeps(c, ev.get(c)) || leaf(c).is_some());
+                merging.then(|| {
+                    Vals::new(ev.iter().enumerate().map(|(c, b)| {
+                        if hc.keeps(c, b) {
+                            prev.get(c)
+                        } else {
+                            leaf(c).unwrap_or(b)
+                        }
+                    }))
+                })
             }
             // A placeholder with no earlier value is a null.
             None if ignoring && (0..ev.len()).any(|c| hc.placeholder(c, ev.get(c))) => {
@@ -396,7 +402,7 @@ pub(super) fn prune(hc: &HistCodec, events: &mut [Event]) {
         }
         for c in nonnull {
             // A struct with a null field leaves that field to earlier values.
-            if !hc.has_null_leaf(c, e.vals().get(c)) {
+            if hc.with_null_leaf(c, e.vals().get(c)).is_none() {
                 covered[c] = true;
             }
         }
