@@ -22,13 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::fault::{FaultPoint, Faults};
 use crate::table::catalog::{Catalog, TableState};
-
-pub use crate::table::properties::{
-    CREATED_MAX_AGE_MS, CREATED_PREVIOUS_VERSIONS, DEFAULT_MAX_COUNT, MergePolicy,
-    PROP_DELETE_AFTER_COMMIT, PROP_MANIFEST_TARGET_BYTES, PROP_MAX_AGE, PROP_MAX_COUNT,
-    PROP_MERGE_ENABLED, PROP_MERGE_MIN_COUNT, PROP_MIN_KEEP, PROP_PREVIOUS_MAX, Retention,
-    created_table_properties, delete_after_commit,
-};
+use crate::table::properties::Retention;
 
 /// The pending-cleanup record, next to the table's metadata files: Avro,
 /// as the manifests there (stores that guard a table's layout, like a REST

@@ -154,7 +154,7 @@ pub async fn run(args: BenchLongArgs) -> Result<()> {
                 "off" => ": no expiry, no manifest merging, old metadata.json kept".to_string(),
                 "defaults" => format!(
                     ": autocdc's defaults (snapshots younger than 30 min, at most {} per table), every {} commits, compaction every {} commits",
-                    maintain::DEFAULT_MAX_COUNT,
+                    crate::table::properties::DEFAULT_MAX_COUNT,
                     args.maintain_every,
                     args.compact_every
                 ),
@@ -266,14 +266,17 @@ async fn run_mode(
         // How tables were kept before: nothing merged, nothing deleted.
         let props = HashMap::from([
             (
-                maintain::PROP_MERGE_ENABLED.to_string(),
+                crate::table::properties::PROP_MERGE_ENABLED.to_string(),
                 "false".to_string(),
             ),
             (
-                maintain::PROP_DELETE_AFTER_COMMIT.to_string(),
+                crate::table::properties::PROP_DELETE_AFTER_COMMIT.to_string(),
                 "false".to_string(),
             ),
-            (maintain::PROP_PREVIOUS_MAX.to_string(), "100".to_string()),
+            (
+                crate::table::properties::PROP_PREVIOUS_MAX.to_string(),
+                "100".to_string(),
+            ),
         ]);
         for t in [engine.target().clone(), engine.state_table().clone()] {
             catalog

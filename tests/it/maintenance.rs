@@ -65,7 +65,12 @@ async fn merge_often(cat: &Arc<dyn Catalog>, flow: &Flow) {
     let faults = Arc::new(Faults::default());
     let e = open(cat, flow, &faults).await;
     for t in [e.target(), e.state_table()] {
-        set_props(cat, t, &[(maintain::PROP_MERGE_MIN_COUNT, "3")]).await;
+        set_props(
+            cat,
+            t,
+            &[(autocdc::table::properties::PROP_MERGE_MIN_COUNT, "3")],
+        )
+        .await;
     }
 }
 
@@ -238,7 +243,7 @@ fn expiry_bounds_snapshots_metadata_files_and_manifests() {
             })
             .count();
         assert!(
-            versions <= maintain::CREATED_PREVIOUS_VERSIONS + 1,
+            versions <= autocdc::table::properties::CREATED_PREVIOUS_VERSIONS + 1,
             "{versions} metadata files kept"
         );
         assert_eq!(table_rows(&e).await, oracle(&flow, &batches));
@@ -510,7 +515,7 @@ fn snapshots_expire_by_age_and_count_as_in_iceberg_java() {
         let ts: Vec<i64> = snaps.iter().map(|s| s.timestamp_ms()).collect();
         let ids: Vec<i64> = snaps.iter().map(|s| s.snapshot_id()).collect();
         let none = Default::default();
-        let keep = |age: i64, min: usize| maintain::Retention {
+        let keep = |age: i64, min: usize| autocdc::table::properties::Retention {
             max_age_ms: age,
             min_keep: min,
             max_count: usize::MAX,
@@ -533,7 +538,7 @@ fn snapshots_expire_by_age_and_count_as_in_iceberg_java() {
         assert_eq!(got, want);
         // The count limit (autocdc's): however young, a branch keeps at most
         // max_count, and never fewer than the minimum count.
-        let count = |max: usize, min: usize| maintain::Retention {
+        let count = |max: usize, min: usize| autocdc::table::properties::Retention {
             max_age_ms: i64::MAX / 2,
             min_keep: min,
             max_count: max,
@@ -579,8 +584,11 @@ fn young_snapshots_over_the_count_limit_expire() {
         );
         // Without the flow's limit, the default (500) keeps all twelve.
         let meta = &e.target().metadata;
-        let default = maintain::Retention::of(meta, &Default::default());
-        assert_eq!(default.max_count, maintain::DEFAULT_MAX_COUNT);
+        let default = autocdc::table::properties::Retention::of(meta, &Default::default());
+        assert_eq!(
+            default.max_count,
+            autocdc::table::properties::DEFAULT_MAX_COUNT
+        );
         assert!(maintain::expirable(meta, now, default, &Default::default()).is_empty());
         run(&mut e, now).await;
         let t = cat.load_table(&flow.target).await.unwrap().unwrap();
@@ -600,7 +608,11 @@ fn table_properties_of_the_flow_are_set_on_both_tables_and_kept_in_step() {
     let faults = Arc::new(Faults::default());
     let at = clock();
     let mut cfg = customers_config();
-    cfg.table_properties = [(maintain::PROP_MERGE_MIN_COUNT.to_string(), "3".to_string())].into();
+    cfg.table_properties = [(
+        autocdc::table::properties::PROP_MERGE_MIN_COUNT.to_string(),
+        "3".to_string(),
+    )]
+    .into();
     let flow = Flow::new(cfg.clone()).unwrap();
     rt().block_on(async {
         let cat = catalog(tmp.path(), faults.clone());
@@ -609,13 +621,13 @@ fn table_properties_of_the_flow_are_set_on_both_tables_and_kept_in_step() {
             let props = t.metadata.properties();
             assert_eq!(
                 props
-                    .get(maintain::PROP_MERGE_MIN_COUNT)
+                    .get(autocdc::table::properties::PROP_MERGE_MIN_COUNT)
                     .map(String::as_str),
                 Some("3")
             );
             assert_eq!(
                 props
-                    .get(maintain::PROP_DELETE_AFTER_COMMIT)
+                    .get(autocdc::table::properties::PROP_DELETE_AFTER_COMMIT)
                     .map(String::as_str),
                 Some("true")
             );
@@ -629,15 +641,18 @@ fn table_properties_of_the_flow_are_set_on_both_tables_and_kept_in_step() {
         let stats = maintain::stats(cat.file_io(), e.target()).await.unwrap();
         assert!(stats.manifests <= 3, "{stats:?}");
         // A changed definition changes the tables when the flow opens.
-        cfg.table_properties =
-            [(maintain::PROP_MERGE_MIN_COUNT.to_string(), "50".to_string())].into();
+        cfg.table_properties = [(
+            autocdc::table::properties::PROP_MERGE_MIN_COUNT.to_string(),
+            "50".to_string(),
+        )]
+        .into();
         let flow = Flow::new(cfg.clone()).unwrap();
         let e = open(&cat, &flow, &faults).await;
         for t in [e.target(), e.state_table()] {
             let props = t.metadata.properties();
             assert_eq!(
                 props
-                    .get(maintain::PROP_MERGE_MIN_COUNT)
+                    .get(autocdc::table::properties::PROP_MERGE_MIN_COUNT)
                     .map(String::as_str),
                 Some("50")
             );

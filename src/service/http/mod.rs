@@ -32,7 +32,6 @@ pub use errors::{ApiError, ErrorBody, ErrorResponse};
 pub use flows::{DeadLetterList, FlowList, FlowView};
 pub use ingest::{ChangesResponse, CommitResponse, SnapshotResponse};
 
-pub use crate::service::traffic::{Connections, DURATION_BUCKETS, Durations, RequestStats};
 use flows::{delete_flow, get_dead_letters, get_flow, list_flows, post_maintain, put_flow};
 use guards::{content_length_limit, request_timeout};
 use ingest::{post_changes, post_commit, post_snapshots};

@@ -17,7 +17,8 @@ use crate::error::Result;
 use crate::fault::FaultPoint;
 use crate::table::catalog::TableState;
 use crate::table::compact::{self, CompactionReport};
-use crate::table::maintain::{self, Retention, TableReport, TableStats};
+use crate::table::maintain::{self, TableReport, TableStats};
+use crate::table::properties::Retention;
 use crate::table::row_delta::Rewrite;
 use crate::table::write::FileNamer;
 

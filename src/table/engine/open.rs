@@ -27,7 +27,6 @@ use crate::fault::{FaultPoint, Faults};
 use crate::table::catalog::{Catalog, TableState};
 use crate::table::compact;
 use crate::table::flow_state::FlowState;
-use crate::table::maintain;
 use crate::table::state_table;
 use crate::table::write::{self, Partitioner};
 
@@ -252,7 +251,7 @@ async fn open_tables(
     let state_tbl = match state_tbl {
         Some(t) => ensure_properties(flow, catalog, t).await?,
         None => {
-            let mut props = maintain::created_table_properties();
+            let mut props = crate::table::properties::created_table_properties();
             props.extend(flow.config.table_properties.clone());
             props.insert(PROP_FLOW.to_string(), flow.name.clone());
             create_or_load(
@@ -269,7 +268,7 @@ async fn open_tables(
 }
 
 fn target_properties(flow: &Flow) -> HashMap<String, String> {
-    let mut props = maintain::created_table_properties();
+    let mut props = crate::table::properties::created_table_properties();
     props.extend([
         ("write.delete.mode".to_string(), "merge-on-read".to_string()),
         ("write.update.mode".to_string(), "merge-on-read".to_string()),

@@ -238,7 +238,7 @@ pub(super) async fn apply_files(
 /// the cleanup of what expired; no orphan listing), so a cron of `apply`s
 /// keeps metadata.json bounded too.
 async fn expire_over_count(engine: &mut Engine) -> Result<()> {
-    use crate::table::maintain::Retention;
+    use crate::table::properties::Retention;
     let policy = engine.flow.maintenance;
     let over = |t: &crate::table::catalog::TableState| {
         t.metadata.snapshots().len() > Retention::of(&t.metadata, &policy).max_count
