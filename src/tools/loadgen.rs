@@ -189,7 +189,7 @@ pub async fn run(a: LoadArgs) -> Result<()> {
     for f in &formats {
         run_format(&a, &client, &base, &server_pid, f).await?;
     }
-    let server_rss = crate::tools::measure::peak_rss_of(&server.id().to_string());
+    let server_rss = crate::tools::measure::peak_rss_of(&server_pid);
     let client_rss = crate::tools::measure::peak_rss_bytes();
     if let (Some(s), Some(c)) = (server_rss, client_rss) {
         println!("peak RSS: server {} MiB, client {} MiB", s >> 20, c >> 20);
