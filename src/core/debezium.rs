@@ -157,8 +157,6 @@ pub fn position(source: &Value, op: Op) -> Result<Position, String> {
 pub fn position_of(get: &dyn Fn(&str) -> Option<Value>, op: Op) -> Result<Position, String> {
     let connector = get("connector");
     let connector = connector.as_ref().and_then(Value::as_str).unwrap_or("");
-    let phase = i32::from(op != Op::Read);
-    let rank = i32::from(op != Op::Delete);
     let pos = match connector {
         "postgresql" => {
             let (last, lsn) = match get("sequence").as_ref() {
@@ -224,17 +222,22 @@ pub fn position_of(get: &dyn Fn(&str) -> Option<Value>, op: Op) -> Result<Positi
             ));
         }
     };
-    Ok(Position { phase, pos, rank })
+    Ok(at(pos, op))
+}
+
+/// The position of an event of `op` at source position `pos`.
+pub fn at(pos: [i64; 4], op: Op) -> Position {
+    Position {
+        phase: i32::from(op != Op::Read),
+        pos,
+        rank: i32::from(op != Op::Delete),
+    }
 }
 
 /// The position of a PostgreSQL event whose `source.sequence` is
 /// `[last, lsn]` (as `position` reads it).
 pub fn postgres_position(last: u64, lsn: u64, op: Op) -> Position {
-    Position {
-        phase: i32::from(op != Op::Read),
-        pos: [ordered(last), ordered(lsn), 0, 0],
-        rank: i32::from(op != Op::Delete),
-    }
+    at([ordered(last), ordered(lsn), 0, 0], op)
 }
 
 /// PostgreSQL's `source.sequence` as its JSON text in the event

@@ -489,7 +489,7 @@ pub fn route(
 pub fn by_table<'a>(changes: &'a [Change<'a>]) -> BTreeMap<&'a str, Vec<&'a Change<'a>>> {
     let mut out: BTreeMap<&str, Vec<&Change>> = BTreeMap::new();
     for c in changes {
-        out.entry(c.table.as_str()).or_default().push(c);
+        out.entry(&*c.table).or_default().push(c);
     }
     out
 }

@@ -23,10 +23,14 @@ use crate::service::input::body::{BodyFormat, Limits};
 pub struct Change<'a> {
     /// Its place in the body (0-based), for errors.
     pub index: usize,
-    /// `schema.table` (`db.table` where the source has no schema).
-    pub table: String,
+    /// `schema.table` (`db.table` where the source has no schema), shared
+    /// by the events of one table in a body.
+    pub table: Arc<str>,
     pub op: Op,
-    source: Source<'a>,
+    /// Where the event sits in its source's order (or why it has no place).
+    position: std::result::Result<Position, String>,
+    /// Whether it is the last read of its table's snapshot.
+    ends_snapshot: bool,
     before: Option<Image<'a>>,
     after: Option<Image<'a>>,
     /// The value schema, when the event is wrapped.
@@ -34,6 +38,27 @@ pub struct Change<'a> {
 }
 
 impl<'a> Change<'a> {
+    /// The change `source` tells of; its table named by `tables`.
+    fn new(
+        index: usize,
+        op: Op,
+        source: &Origin<'a>,
+        images: (Option<Image<'a>>, Option<Image<'a>>),
+        schema: Option<Arc<EventSchema>>,
+        tables: &mut Tables<'a>,
+    ) -> Change<'a> {
+        Change {
+            index,
+            table: tables.name(source),
+            op,
+            position: source.pos.clone().map(|pos| debezium::at(pos, op)),
+            ends_snapshot: debezium::ends_snapshot(source.snapshot.and_then(string).as_deref(), op),
+            before: images.0,
+            after: images.1,
+            schema,
+        }
+    }
+
     /// The row image a change carries: `before` for a delete, else `after`.
     pub(super) fn image(&self) -> (&'static str, Option<&Image<'a>>) {
         match self.op {
@@ -50,21 +75,44 @@ impl<'a> Change<'a> {
 
     /// Whether it is the last read of its table's snapshot.
     pub(super) fn ends_snapshot(&self) -> bool {
-        debezium::ends_snapshot(self.source.text("snapshot").as_deref(), self.op)
+        self.ends_snapshot
     }
 
     /// Where the event sits in its source's order.
     pub(super) fn position(&self) -> std::result::Result<Position, String> {
-        // PostgreSQL's usual form, read without building values.
-        if self.source.is_postgres()
-            && let Some((last, Some(lsn))) = self
-                .source
-                .sequence
-                .and_then(|s| debezium::postgres_sequence(s.get()))
-        {
-            return Ok(debezium::postgres_position(last.unwrap_or(0), lsn, self.op));
+        self.position.clone()
+    }
+}
+
+/// The tables of one body's events, each named once: the text of its
+/// `source` namespace and table fields, and the name they make.
+#[derive(Default)]
+struct Tables<'a> {
+    seen: Vec<([&'a str; 3], Arc<str>)>,
+}
+
+/// Distinct tables remembered per body (the others are named per event).
+const MAX_TABLES: usize = 64;
+
+impl<'a> Tables<'a> {
+    /// `schema.table` (`db.table` without a schema); empty when `source`
+    /// names no table.
+    fn name(&mut self, source: &Origin<'a>) -> Arc<str> {
+        let [schema, db, table] = source.names;
+        let raw = |r: Option<&'a RawValue>| r.map_or("", RawValue::get);
+        let key = [raw(schema), raw(db), raw(table)];
+        if let Some((_, name)) = self.seen.iter().find(|(k, _)| *k == key) {
+            return name.clone();
         }
-        debezium::position_of(&|k| self.source.value(k), self.op)
+        let text = |r: Option<&'a RawValue>| r.and_then(string).filter(|s| !s.is_empty());
+        let name: Arc<str> = match (text(schema).or(text(db)), text(table)) {
+            (Some(ns), Some(t)) => format!("{ns}.{t}").into(),
+            _ => "".into(),
+        };
+        if self.seen.len() < MAX_TABLES {
+            self.seen.push((key, name.clone()));
+        }
+        name
     }
 }
 
@@ -87,8 +135,8 @@ struct Parts<'a> {
     before: Option<Image<'a>>,
     #[serde(borrow, default, deserialize_with = "image")]
     after: Option<Image<'a>>,
-    #[serde(borrow, default)]
-    source: Option<Source<'a>>,
+    #[serde(borrow, default, deserialize_with = "origin")]
+    source: Option<Origin<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
     op: Option<&'a RawValue>,
     /// A flattened event's (ExtractNewRecordState's `add.fields=op`).
@@ -148,7 +196,44 @@ struct Source<'a> {
     inferred: Option<&'static str>,
 }
 
+/// What a reader keeps of a `source` block: the fields that name its
+/// table (schema, db, table), its snapshot marker, and the place it gives
+/// its events in the source's order (or why it gives none).
+#[derive(Debug)]
+struct Origin<'a> {
+    names: [Option<&'a RawValue>; 3],
+    snapshot: Option<&'a RawValue>,
+    pos: std::result::Result<[i64; 4], String>,
+}
+
+/// A `source` block present in an event, kept as its `Origin`.
+fn origin<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Origin<'de>>, D::Error> {
+    Ok(Option::<Source<'de>>::deserialize(d)?.map(|s| s.origin()))
+}
+
 impl<'a> Source<'a> {
+    fn origin(&self) -> Origin<'a> {
+        Origin {
+            names: [self.schema, self.db, self.table],
+            snapshot: self.snapshot,
+            pos: self.position(),
+        }
+    }
+
+    /// Where this source's events sit in its order (`core::debezium::at`
+    /// adds each event's op).
+    fn position(&self) -> std::result::Result<[i64; 4], String> {
+        // PostgreSQL's usual form, read without building values.
+        if self.is_postgres()
+            && let Some((last, Some(lsn))) = self
+                .sequence
+                .and_then(|s| debezium::postgres_sequence(s.get()))
+        {
+            return Ok(debezium::postgres_position(last.unwrap_or(0), lsn, Op::Update).pos);
+        }
+        debezium::position_of(&|k| self.value(k), Op::Update).map(|p| p.pos)
+    }
+
     fn raw(&self, k: &str) -> Option<&'a RawValue> {
         match k {
             "connector" => self.connector,
@@ -179,11 +264,6 @@ impl<'a> Source<'a> {
     fn is_postgres(&self) -> bool {
         self.connector.map(RawValue::get) == Some("\"postgresql\"")
             || (self.connector.is_none() && self.inferred == Some("postgresql"))
-    }
-
-    /// Field `k` when it is a non-empty string.
-    fn text(&self, k: &str) -> Option<Cow<'a, str>> {
-        string(self.raw(k)?).filter(|s| !s.is_empty())
     }
 }
 
@@ -431,6 +511,7 @@ fn read_one<'a>(
     index: usize,
     text: &'a str,
     schemas: &mut Schemas<'a>,
+    tables: &mut Tables<'a>,
 ) -> Result<Read<'a>> {
     let err = |m: String| event_err(flow, index, m);
     let text = text.trim_ascii();
@@ -439,7 +520,7 @@ fn read_one<'a>(
         && let Ok(parts) = serde_json::from_str::<Parts>(payload)
         && !parts.is_wrapper()
     {
-        return event(flow, index, parts, Some(schema), payload);
+        return event(flow, index, parts, Some(schema), payload, tables);
     }
     if text == "null" {
         return Ok(Read::Tombstone);
@@ -459,7 +540,7 @@ fn read_one<'a>(
     let outer: Parts =
         serde_json::from_str(text).map_err(|e| not_an_event(flow, index, text, e))?;
     if !outer.is_wrapper() {
-        return event(flow, index, outer, None, text);
+        return event(flow, index, outer, None, text, tables);
     }
     let schema = outer.schema.and_then(|r| schemas.get(r));
     let payload = outer.payload.map_or("null", RawValue::get);
@@ -471,7 +552,7 @@ fn read_one<'a>(
     }
     let parts: Parts =
         serde_json::from_str(payload).map_err(|e| not_an_event(flow, index, payload, e))?;
-    event(flow, index, parts, schema, payload)
+    event(flow, index, parts, schema, payload, tables)
 }
 
 /// Why an object is not read as an event: not JSON, a `source` that is no
@@ -497,10 +578,11 @@ fn event<'a>(
     parts: Parts<'a>,
     schema: Option<Arc<EventSchema>>,
     text: &'a str,
+    tables: &mut Tables<'a>,
 ) -> Result<Read<'a>> {
     let err = |m: String| event_err(flow, index, m);
     if parts.flat_op.is_some() || parts.flat_deleted.is_some() {
-        return flattened(flow, index, schema, text).map(Read::Change);
+        return flattened(flow, index, schema, text, tables).map(Read::Change);
     }
     let Some(op) = parts.op else {
         // No `op`: a heartbeat, transaction metadata, or no event at all.
@@ -534,26 +616,20 @@ fn event<'a>(
     let Some(source) = parts.source else {
         return Err(err(format!("event {index} has no `source` block")));
     };
-    let table = match (
-        source.text("schema").or(source.text("db")),
-        source.text("table"),
-    ) {
-        (Some(ns), Some(t)) => format!("{ns}.{t}"),
-        _ => {
-            return Err(err(format!(
-                "event {index}'s source names no table (source.schema or source.db, and source.table)"
-            )));
-        }
-    };
-    Ok(Read::Change(Change {
+    let change = Change::new(
         index,
-        table,
         op,
-        source,
-        before: parts.before,
-        after: parts.after,
+        &source,
+        (parts.before, parts.after),
         schema,
-    }))
+        tables,
+    );
+    if change.table.is_empty() {
+        return Err(err(format!(
+            "event {index}'s source names no table (source.schema or source.db, and source.table)"
+        )));
+    }
+    Ok(Read::Change(change))
 }
 
 /// An event flattened by Debezium's ExtractNewRecordState SMT: the row
@@ -569,6 +645,7 @@ fn flattened<'a>(
     index: usize,
     schema: Option<Arc<EventSchema>>,
     text: &'a str,
+    tables: &mut Tables<'a>,
 ) -> Result<Change<'a>> {
     let err = |m: String| event_err(flow, index, m);
     let Fields(all) = serde_json::from_str(text)
@@ -636,28 +713,20 @@ fn flattened<'a>(
         }
     };
     // Without `__table` it is taken by the flow it is sent to (not routed).
-    let table = match (
-        source.text("schema").or(source.text("db")),
-        source.text("table"),
-    ) {
-        (Some(ns), Some(t)) => format!("{ns}.{t}"),
-        _ => String::new(),
-    };
     let image = Some(Image::Row(Fields(row)));
-    let (before, after) = if op == Op::Delete {
+    let images = if op == Op::Delete {
         (image, None)
     } else {
         (None, image)
     };
-    Ok(Change {
+    Ok(Change::new(
         index,
-        table,
         op,
-        source,
-        before,
-        after,
+        &source.origin(),
+        images,
         schema,
-    })
+        tables,
+    ))
 }
 
 /// Reads a body's events in one pass: its changes, and what it skipped,
@@ -690,6 +759,7 @@ pub fn read_body<'a>(
     })?;
     let mut out = (Vec::new(), Skipped::default());
     let mut schemas = Schemas::default();
+    let mut tables = Tables::default();
     let keep = |out: &mut (Vec<Change<'a>>, Skipped), read: Read<'a>| match read {
         Read::Change(c) => out.0.push(c),
         Read::Tombstone => out.1.tombstones += 1,
@@ -715,14 +785,17 @@ pub fn read_body<'a>(
                 if index == limits.max_rows {
                     return Err(too_many());
                 }
-                keep(&mut out, read_one(flow, index, line, &mut schemas)?);
+                keep(
+                    &mut out,
+                    read_one(flow, index, line, &mut schemas, &mut tables)?,
+                );
                 index += 1;
             }
         }
         BodyFormat::JsonArray if body.get(skip_ws(0)) != Some(&b'[') => {
             keep(
                 &mut out,
-                read_one(flow, 0, text.trim_ascii(), &mut schemas)?,
+                read_one(flow, 0, text.trim_ascii(), &mut schemas, &mut tables)?,
             );
         }
         BodyFormat::JsonArray => {
@@ -735,7 +808,7 @@ pub fn read_body<'a>(
                     if index == limits.max_rows {
                         return Err(too_many());
                     }
-                    let end = match known_event(flow, index, text, i, &schemas) {
+                    let end = match known_event(flow, index, text, i, &schemas, &mut tables) {
                         Some(read) => {
                             let (read, end) = read?;
                             keep(&mut out, read);
@@ -748,7 +821,10 @@ pub fn read_body<'a>(
                             match one.next() {
                                 Some(Ok(raw)) => {
                                     let element = raw.get();
-                                    keep(&mut out, read_one(flow, index, element, &mut schemas)?);
+                                    keep(
+                                        &mut out,
+                                        read_one(flow, index, element, &mut schemas, &mut tables)?,
+                                    );
                                     i + one.byte_offset()
                                 }
                                 Some(Err(e)) if e.is_eof() => {
@@ -810,6 +886,7 @@ fn known_event<'a>(
     text: &'a str,
     at: usize,
     schemas: &Schemas<'a>,
+    tables: &mut Tables<'a>,
 ) -> Option<Result<(Read<'a>, usize)>> {
     let body = text.as_bytes();
     let (schema, offset) = schemas.known_at(&body[at..])?;
@@ -827,5 +904,5 @@ fn known_event<'a>(
     if body.get(close) != Some(&b'}') {
         return None;
     }
-    Some(event(flow, index, parts, Some(schema), &text[from..to]).map(|r| (r, close + 1)))
+    Some(event(flow, index, parts, Some(schema), &text[from..to], tables).map(|r| (r, close + 1)))
 }
