@@ -7,6 +7,7 @@ pub mod catalog;
 pub mod compact;
 pub mod engine;
 pub mod flow_state;
+pub mod local_files;
 pub mod maintain;
 pub mod properties;
 pub mod read;

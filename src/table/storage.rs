@@ -112,8 +112,30 @@ impl Storage {
                 endpoint: None,
             },
             root: format!("file://{abs}"),
-            file_io: FileIO::new_with_fs(),
+            file_io: FileIOBuilder::new(Arc::new(crate::table::local_files::LocalFilesFactory))
+                .build(),
         })
+    }
+
+    /// Makes what was written under `location` durable, names included:
+    /// on local disk the FileIO writes without syncing
+    /// (`table::local_files`), so a commit calls this before its metadata
+    /// names the new files and once its commit point is written. S3 stores
+    /// a file durably when it is written: nothing to do.
+    pub async fn sync(&self, location: &str) -> Result<()> {
+        if !matches!(self.backend, Backend::Local(_)) {
+            return Ok(());
+        }
+        let at = location.to_string();
+        tokio::task::spawn_blocking(move || crate::table::local_files::sync(&at))
+            .await
+            .map_err(|e| Error::Io(std::io::Error::other(e)))?
+            .map_err(|e| {
+                Error::Io(std::io::Error::new(
+                    e.kind(),
+                    format!("syncing {location}: {e}"),
+                ))
+            })
     }
 
     /// Storage for the objects of one S3 bucket.

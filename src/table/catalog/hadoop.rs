@@ -136,6 +136,8 @@ impl HadoopCatalog {
         let location = metadata.location().to_string();
         let file = Self::metadata_file(&location, version);
         let json = serde_json::to_vec(&metadata)?;
+        // The files the new metadata names are durable before it is.
+        self.storage.sync(&location).await?;
         if !self.storage.put_if_absent(&file, Bytes::from(json)).await? {
             return Err(Error::CommitConflict(format!(
                 "table {ident}: {file} already exists; another writer committed first"
@@ -153,6 +155,8 @@ impl HadoopCatalog {
                 Bytes::from(version.to_string()),
             )
             .await?;
+        // The commit is durable before the caller releases what it applied.
+        self.storage.sync(&location).await?;
         Ok(TableState {
             ident: ident.clone(),
             metadata: Arc::new(metadata),

@@ -184,6 +184,7 @@ impl Catalog for SqlCatalog {
         self.init().await?;
         let metadata = super::new_metadata(self.table_location(ident), schema, spec, properties)?;
         let file = self.write_metadata(&metadata, 0).await?;
+        self.storage.sync(metadata.location()).await?;
         let res = sqlx::query(
             "INSERT INTO iceberg_tables
                (catalog_name, table_namespace, table_name, metadata_location, previous_metadata_location, iceberg_type)
@@ -224,6 +225,9 @@ impl Catalog for SqlCatalog {
         } else {
             FaultPoint::AfterTargetMetadata
         })?;
+        // The files the new metadata names, and the metadata, are durable
+        // before the commit point names them.
+        self.storage.sync(metadata.location()).await?;
         // The commit point: swap only if nobody committed since `base`.
         let res = sqlx::query(
             "UPDATE iceberg_tables SET metadata_location = $1, previous_metadata_location = $2
