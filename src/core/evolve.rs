@@ -97,6 +97,12 @@ pub struct Rules {
     pub fixed: Vec<String>,
     /// Field ids a partition spec of the table reads: never dropped.
     pub partition_sources: Vec<i32>,
+    /// A column of the table that `want` lacks stays (made optional: new
+    /// rows leave it null) unless `drop` names it: the target's columns
+    /// only grow, as in Spark's AUTO CDC. Otherwise it is dropped.
+    pub keep_unselected: bool,
+    /// With `keep_unselected`: the columns to drop all the same.
+    pub drop: Vec<String>,
 }
 
 /// Whether Iceberg reads a `from` value as `to` (its type promotions).
@@ -363,6 +369,26 @@ pub fn evolve(
         if used.contains(&h.id) {
             continue;
         }
+        if rules.keep_unselected && !rules.drop.iter().any(|d| d.eq_ignore_ascii_case(&h.name)) {
+            let mut kept: NestedField = (**h).clone();
+            if kept.required {
+                kept.required = false;
+                changes.push(Change::Relaxed {
+                    name: h.name.clone(),
+                });
+            }
+            // Where it was: after the table's column before it.
+            let at = have
+                .as_struct()
+                .fields()
+                .iter()
+                .take_while(|o| o.id != h.id)
+                .filter_map(|o| fields.iter().position(|f| f.id == o.id))
+                .last()
+                .map_or(0, |p| p + 1);
+            fields.insert(at, Arc::new(kept));
+            continue;
+        }
         if fixed(&h.name) {
             return Err(refuse(
                 &h.name,
@@ -512,6 +538,59 @@ mod tests {
         let strict = schema(0, &[(1, "id", P::Long, true), (2, "n", P::Int, true)]);
         let relaxed = evolve(&strict, &dropped, 3, &r).unwrap().unwrap();
         assert_eq!(relaxed.describe(), "made `n` optional");
+    }
+
+    #[test]
+    fn a_column_left_out_stays_in_its_place_optional_unless_dropped() {
+        let have = schema(
+            0,
+            &[
+                (1, "id", P::Long, true),
+                (2, "n", P::Int, true),
+                (3, "name", P::String, false),
+            ],
+        );
+        let want = schema(
+            0,
+            &[(1, "id", P::Long, true), (3, "name", P::String, false)],
+        );
+        let keep = Rules {
+            keep_unselected: true,
+            ..rules()
+        };
+        let e = evolve(&have, &want, 3, &keep).unwrap().unwrap();
+        let got: Vec<_> = e
+            .schema
+            .as_struct()
+            .fields()
+            .iter()
+            .map(|f| (f.id, f.name.clone(), f.required))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1, "id".into(), true),
+                (2, "n".into(), false),
+                (3, "name".into(), false)
+            ]
+        );
+        assert_eq!(e.changes, [Change::Relaxed { name: "n".into() }]);
+        // Already optional: nothing to commit.
+        let want = schema(0, &[(1, "id", P::Long, true), (2, "n", P::Int, false)]);
+        assert!(evolve(&base(), &want, 3, &keep).unwrap().is_none());
+        // Named in `drop`: dropped, as without `keep_unselected`.
+        let drop = Rules {
+            drop: vec!["NAME".into()],
+            ..keep
+        };
+        let e = evolve(&base(), &want, 3, &drop).unwrap().unwrap();
+        assert_eq!(
+            e.changes,
+            [Change::Dropped {
+                name: "name".into()
+            }]
+        );
+        assert!(e.schema.field_by_name("name").is_none());
     }
 
     #[test]

@@ -549,15 +549,21 @@ fn project(
                 .target_cols
                 .iter()
                 .copied()
-                .find(|&c| flow.column_name(c) == f.name())
-                .ok_or_else(|| Error::State {
+                .find(|&c| flow.column_name(c) == f.name());
+            let Some(src) = src else {
+                // A column the flow no longer selects: null in its rows.
+                if f.is_nullable() {
+                    return Ok(arrow_array::new_null_array(f.data_type(), rows.len()));
+                }
+                return Err(Error::State {
                     code: codes::SCHEMA_DRIFT,
                     message: format!(
                         "target column `{}` is not produced by flow `{}`",
                         f.name(),
                         flow.name
                     ),
-                })?;
+                });
+            };
             let a = take(batch.column(src).as_ref(), &idx, None)?;
             Ok(arrow_cast::cast(&a, f.data_type())?)
         })

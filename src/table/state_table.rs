@@ -279,6 +279,8 @@ pub fn evolution(
             .collect(),
         fixed,
         partition_sources: Vec::new(),
+        keep_unselected: false,
+        drop: Vec::new(),
     };
     evolve(have.current_schema(), &want, have.last_column_id(), &rules)
 }

@@ -180,7 +180,8 @@ async fn keys_sequences_and_values_widen_and_the_state_reloads_widened() {
 }
 
 #[tokio::test]
-async fn a_rename_keeps_the_columns_id_and_values_and_a_drop_leaves_old_files_alone() {
+async fn a_rename_keeps_the_columns_id_and_values_narrowing_keeps_the_column_and_a_drop_leaves_old_files_alone()
+ {
     let dir = tempfile::tempdir().unwrap();
     let cat = catalog(dir.path());
     let e = applied(&cat, &v1(), 1, &[FIRST]).await;
@@ -208,14 +209,58 @@ async fn a_rename_keeps_the_columns_id_and_values_and_a_drop_leaves_old_files_al
     );
     drop(e);
 
-    let dropped = orders(&[ID, OP, QTY_INT, SEQ], "");
-    let mut e = open_engine(&cat, &dropped).await;
-    assert!(!ids(&e).iter().any(|(n, _)| n == "title"));
-    apply(&mut e, &dropped, r#"{"id":3,"op":"DELETE","seq":2}"#, 3).await;
+    // Narrowed (Spark's "narrowing the column selection between runs
+    // preserves the dropped column on existing rows and leaves it NULL on
+    // new rows"): `title` stays where it was, with its id; rows written
+    // before keep their values; new rows and updates leave it null.
+    let narrowed = orders(&[ID, OP, QTY_INT, SEQ], "");
+    let mut e = open_engine(&cat, &narrowed).await;
+    assert_eq!(
+        column_names(&e),
+        ["id", "qty", "title", "seq"],
+        "the column stays, in its place"
+    );
+    assert!(ids(&e).contains(&("title".to_string(), name_id)));
+    apply(
+        &mut e,
+        &narrowed,
+        "{\"id\":2,\"op\":\"UPSERT\",\"qty\":6,\"seq\":2}\n{\"id\":4,\"op\":\"UPSERT\",\"qty\":1,\"seq\":2}",
+        3,
+    )
+    .await;
     assert_eq!(
         table_rows(&e).await,
-        rows(&[&["1", "4", "2"], &["2", "5", "1"]])
+        rows(&[
+            &["1", "4", "pencil", "2"],
+            &["2", "6", "NULL", "2"],
+            &["3", "7", "cap", "1"],
+            &["4", "1", "NULL", "2"],
+        ])
     );
+    drop(e);
+
+    // Dropped when named: old files keep it, the table no longer has it.
+    let dropped = orders(&[ID, OP, QTY_INT, SEQ], r#"drop_columns = ["title"]"#);
+    let mut e = open_engine(&cat, &dropped).await;
+    assert!(!ids(&e).iter().any(|(n, _)| n == "title"));
+    apply(&mut e, &dropped, r#"{"id":3,"op":"DELETE","seq":2}"#, 4).await;
+    assert_eq!(
+        table_rows(&e).await,
+        rows(&[&["1", "4", "2"], &["2", "6", "2"], &["4", "1", "2"]])
+    );
+    // A key or sequence column, or one the flow selects, is never dropped.
+    for (extra, rule) in [
+        (r#"drop_columns = ["id"]"#, "a key or sequence column"),
+        (r#"drop_columns = ["seq"]"#, "a key or sequence column"),
+        (r#"drop_columns = ["qty"]"#, "the flow selects it"),
+    ] {
+        let toml = format!(
+            "name = \"orders\"\ntarget = \"shop.orders\"\nkeys = [\"id\"]\nsequence_by = \"seq\"\n{extra}\ncolumns = [{ID}, {QTY_INT}, {SEQ}]\n"
+        );
+        let err = Flow::new(toml::from_str(&toml).unwrap()).unwrap_err();
+        assert_eq!(err.code(), codes::INVALID_DEFINITION, "{err}");
+        assert!(err.to_string().contains(rule), "{err}");
+    }
 }
 
 /// Each illegal change: refused on open and by the definition check with
@@ -577,6 +622,8 @@ mod random_evolution {
         partition: usize,
         /// (old, new) of a rename the next definition carries.
         renamed: Option<(String, String)>,
+        /// The columns dropped (`drop_columns`: leaving one out keeps it).
+        dropped: Vec<String>,
     }
 
     impl Model {
@@ -596,7 +643,8 @@ mod random_evolution {
                 Change::Add if n < 6 => self.add(),
                 Change::Widen(i) if n > 0 && !self.cols[i % n].long => self.cols[i % n].long = true,
                 Change::Drop(i) if n > 1 => {
-                    self.cols.remove(i % n);
+                    let c = self.cols.remove(i % n);
+                    self.dropped.push(c.name);
                 }
                 Change::Rename(i) if n > 0 => {
                     let c = &mut self.cols[i % n];
@@ -626,7 +674,15 @@ mod random_evolution {
                 .map(|p| format!("\"{p}\""))
                 .collect();
             let cols: Vec<&str> = cols.iter().map(String::as_str).collect();
-            orders(&cols, &format!("partition_by = [{}]", by.join(", ")))
+            let dropped: Vec<String> = self.dropped.iter().map(|d| format!("\"{d}\"")).collect();
+            orders(
+                &cols,
+                &format!(
+                    "partition_by = [{}]\ndrop_columns = [{}]",
+                    by.join(", "),
+                    dropped.join(", ")
+                ),
+            )
         }
     }
 

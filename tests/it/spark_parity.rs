@@ -3369,6 +3369,52 @@ fn scd2_narrowing_column_list_drops_an_untracked_column() {
     );
 }
 
+/// Spark: AutoCdcScd1SchemaEvolutionSuite, "narrowing the column selection
+/// between runs preserves the dropped column on existing rows and leaves it
+/// NULL on new rows". The target's columns only grow; `drop_columns` drops
+/// one explicitly.
+#[test]
+fn scd1_narrowing_the_column_selection_preserves_the_column_on_existing_rows_and_leaves_it_null_on_new_rows()
+ {
+    let all = evolving("", &[NAME, EMAIL]);
+    let select = "column_list = [\"id\", \"name\", \"version\"]";
+    let narrowed = evolving(select, &[NAME, EMAIL]);
+    let first = r#"{"id":1,"name":"alice","email":"a@x","version":1}
+                   {"id":3,"name":"carol","email":"c@x","version":1}"#;
+    let got = updates(&[
+        (&all, first),
+        (
+            &narrowed,
+            r#"{"id":1,"name":"alice2","email":"ignored","version":2}
+               {"id":2,"name":"bob","email":"ignored","version":1}"#,
+        ),
+    ]);
+    assert_eq!(
+        got,
+        rows(&[
+            &["1", "alice2", "NULL", "2"],
+            &["2", "bob", "NULL", "1"],
+            &["3", "carol", "c@x", "1"],
+        ])
+    );
+    let dropped = evolving(
+        &format!("{select}\ndrop_columns = [\"email\"]"),
+        &[NAME, EMAIL],
+    );
+    let got = updates(&[
+        (&all, first),
+        (&dropped, r#"{"id":2,"name":"bob","version":1}"#),
+    ]);
+    assert_eq!(
+        got,
+        rows(&[
+            &["1", "alice", "1"],
+            &["2", "bob", "1"],
+            &["3", "carol", "1"]
+        ])
+    );
+}
+
 /// Spark: AutoCdcScd1SchemaEvolutionSuite / AutoCdcScd2SchemaEvolutionSuite,
 /// "broadening the column selection between runs adds the newly-included
 /// column to the target" (SCD2 with track_history_column_list = [name]).

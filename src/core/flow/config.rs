@@ -96,6 +96,13 @@ pub struct FlowConfig {
     pub column_list: Option<Vec<String>>,
     #[serde(default)]
     pub except_column_list: Option<Vec<String>>,
+    /// Columns to drop from the target. A column the definition no longer
+    /// selects stays in the target, as in Spark's AUTO CDC: existing rows
+    /// keep their values, new rows and updates leave it null. Naming it
+    /// here drops it (never a column the flow selects: keys and sequence
+    /// columns always are).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drop_columns: Vec<String>,
     #[serde(default = "default_scd_type")]
     pub stored_as_scd_type: u8,
     /// SCD Type 2: only changes to these columns open a new version ...

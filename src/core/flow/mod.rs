@@ -45,7 +45,7 @@ use columns::{declared_columns, source_schema};
 use config::{check_modes, check_name, check_table_properties};
 use policy::{compaction_policy, maintenance_policy, settings};
 use roles::{ignored_columns, keys_and_sequence, tracked_columns};
-use target::{partition_spec, selected_columns, target_schema};
+use target::{check_drops, partition_spec, selected_columns, target_schema};
 
 /// A validated flow. Column indices refer to `source_arrow`.
 #[derive(Debug, Clone)]
@@ -113,6 +113,12 @@ impl Flow {
         let target_cols = selected_columns(&config, &fields, &key_idx)?;
         let source_arrow = source_schema(&fields)?;
         let target_schema = target_schema(&fields, &target_cols, &key_idx, &seq_idx, scd2)?;
+        let fixed: Vec<&str> = key_idx
+            .iter()
+            .chain(&seq_idx)
+            .filter_map(|&c| fields.iter().find(|f| f.0 == c).map(|f| f.1.as_str()))
+            .collect();
+        check_drops(&config, &target_schema, &fixed)?;
         let partition_spec = partition_spec(
             f,
             &config.partition_by,

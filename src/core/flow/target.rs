@@ -252,3 +252,23 @@ pub(super) fn partition_spec(
     }
     Ok(b.build()?)
 }
+
+/// `drop_columns` names columns the flow does not select: a key or
+/// sequence column, or one the flow still writes, is refused.
+pub(super) fn check_drops(config: &FlowConfig, target: &Schema, fixed: &[&str]) -> Result<()> {
+    for name in &config.drop_columns {
+        let why = if fixed.iter().any(|f| f.eq_ignore_ascii_case(name)) {
+            "a key or sequence column cannot be dropped"
+        } else if target.field_by_name(name).is_some() {
+            "the flow selects it; leave it out of the flow's columns (column_list / except_column_list) to drop it"
+        } else {
+            continue;
+        };
+        return Err(Error::definition(
+            &config.name,
+            codes::INVALID_DEFINITION,
+            format!("drop_columns names `{name}`: {why}"),
+        ));
+    }
+    Ok(())
+}

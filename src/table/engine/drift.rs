@@ -150,6 +150,11 @@ fn target_evolution(flow: &Flow, meta: &TableMetadata) -> Result<Option<Evolutio
     }
     let rules = Rules {
         renames: flow.renames(),
+        // A flow that keeps history (SCD Type 2, ignore_null_updates)
+        // rewrites rows from its state, which holds only the selected
+        // columns: a column it no longer selects is dropped, as before.
+        keep_unselected: !flow.keeps_history(),
+        drop: flow.config.drop_columns.clone(),
         fixed,
         partition_sources: meta
             .partition_specs_iter()
