@@ -179,6 +179,29 @@ class PrivatePostgres:
 # ---------------------------------------------------------------- autocdc
 
 
+def drop_inactive_slot(pg, slot):
+    """Drops `slot` on a shared server once no engine holds it: an inactive
+    slot would hold the server's WAL."""
+    try:
+        pg.run(f"SELECT pg_drop_replication_slot('{slot}') FROM pg_replication_slots "
+               f"WHERE slot_name = '{slot}' AND NOT active", db="postgres")
+    except Exception as e:  # noqa: BLE001
+        log(f"warning: could not drop the replication slot {slot}: {e}")
+
+
+def stop_and_exit(ok, private):
+    """Stops the run's own PostgreSQL (kept, with a word, when the run
+    failed) and exits: the JVM's non-daemon threads would keep the process
+    alive."""
+    if private is not None:
+        private.stop(remove=ok)
+        if not ok:
+            log(f"postgres: data and log kept in {private.dir}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if ok else 1)
+
+
 def config_toml(port, work, flows=None):
     """One server, a Hadoop catalog in WORK, the two Debezium flows (or
     `flows`, shaped as FLOWS: integration/debezium_kill.py has its own)."""
@@ -586,22 +609,11 @@ def main():
     finally:
         if engine is not None:
             engine.stop()
-            if private is None:  # an inactive slot would hold the server's WAL
-                try:
-                    pg.run(f"SELECT pg_drop_replication_slot('{slot}') FROM pg_replication_slots "
-                           f"WHERE slot_name = '{slot}' AND NOT active", db="postgres")
-                except Exception as e:  # noqa: BLE001
-                    log(f"warning: could not drop the replication slot {slot}: {e}")
+            if private is None:
+                drop_inactive_slot(pg, slot)
         if server is not None:
             server.kill()
-        if private is not None:
-            private.stop(remove=ok)
-            if not ok:
-                log(f"postgres: data and log kept in {private.dir}")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # The JVM's non-daemon threads would keep the process alive.
-    os._exit(0 if ok else 1)
+    stop_and_exit(ok, private)
 
 
 if __name__ == "__main__":

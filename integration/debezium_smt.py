@@ -325,24 +325,13 @@ def main():
         for m in modes:
             if m.engine is not None:
                 m.engine.stop()
-        if private is None and pg is not None and modes:  # an inactive slot would hold the server's WAL
+        if private is None and pg is not None:
             for m in modes:
-                try:
-                    pg.run(f"SELECT pg_drop_replication_slot('{m.slot}') FROM pg_replication_slots "
-                           f"WHERE slot_name = '{m.slot}' AND NOT active", db="postgres")
-                except Exception as e:  # noqa: BLE001
-                    log(f"warning: could not drop the replication slot {m.slot}: {e}")
+                dbz.drop_inactive_slot(pg, m.slot)
         for m in modes:
             if m.server is not None:
                 m.server.kill()
-        if private is not None:
-            private.stop(remove=ok)
-            if not ok:
-                log(f"postgres: data and log kept in {private.dir}")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # The JVM's non-daemon threads would keep the process alive.
-    os._exit(0 if ok else 1)
+    dbz.stop_and_exit(ok, private)
 
 
 if __name__ == "__main__":
