@@ -155,6 +155,12 @@ pub fn position(source: &Value, op: Op) -> Result<Position, String> {
 /// `position`, the source block's fields given by `get` (a reader that
 /// does not build the whole block).
 pub fn position_of(get: &dyn Fn(&str) -> Option<Value>, op: Op) -> Result<Position, String> {
+    source_pos(get).map(|pos| at(pos, op))
+}
+
+/// The source position `position` reads, the same for every event of one
+/// source block whatever its op.
+pub fn source_pos(get: &dyn Fn(&str) -> Option<Value>) -> Result<[i64; 4], String> {
     let connector = get("connector");
     let connector = connector.as_ref().and_then(Value::as_str).unwrap_or("");
     let pos = match connector {
@@ -222,7 +228,7 @@ pub fn position_of(get: &dyn Fn(&str) -> Option<Value>, op: Op) -> Result<Positi
             ));
         }
     };
-    Ok(at(pos, op))
+    Ok(pos)
 }
 
 /// The position of an event of `op` at source position `pos`.
@@ -237,7 +243,12 @@ pub fn at(pos: [i64; 4], op: Op) -> Position {
 /// The position of a PostgreSQL event whose `source.sequence` is
 /// `[last, lsn]` (as `position` reads it).
 pub fn postgres_position(last: u64, lsn: u64, op: Op) -> Position {
-    at([ordered(last), ordered(lsn), 0, 0], op)
+    at(postgres_pos(last, lsn), op)
+}
+
+/// The source position of a PostgreSQL event (`postgres_position`).
+pub fn postgres_pos(last: u64, lsn: u64) -> [i64; 4] {
+    [ordered(last), ordered(lsn), 0, 0]
 }
 
 /// PostgreSQL's `source.sequence` as its JSON text in the event

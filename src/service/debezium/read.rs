@@ -42,16 +42,16 @@ impl<'a> Change<'a> {
     fn new(
         index: usize,
         op: Op,
-        source: &Origin<'a>,
+        source: Origin<'a>,
         images: (Option<Image<'a>>, Option<Image<'a>>),
         schema: Option<Arc<EventSchema>>,
         tables: &mut Tables<'a>,
     ) -> Change<'a> {
         Change {
             index,
-            table: tables.name(source),
+            table: tables.name(&source),
             op,
-            position: source.pos.clone().map(|pos| debezium::at(pos, op)),
+            position: source.pos.map(|pos| debezium::at(pos, op)),
             ends_snapshot: debezium::ends_snapshot(source.snapshot.and_then(string).as_deref(), op),
             before: images.0,
             after: images.1,
@@ -229,9 +229,9 @@ impl<'a> Source<'a> {
                 .sequence
                 .and_then(|s| debezium::postgres_sequence(s.get()))
         {
-            return Ok(debezium::postgres_position(last.unwrap_or(0), lsn, Op::Update).pos);
+            return Ok(debezium::postgres_pos(last.unwrap_or(0), lsn));
         }
-        debezium::position_of(&|k| self.value(k), Op::Update).map(|p| p.pos)
+        debezium::source_pos(&|k| self.value(k))
     }
 
     fn raw(&self, k: &str) -> Option<&'a RawValue> {
@@ -619,7 +619,7 @@ fn event<'a>(
     let change = Change::new(
         index,
         op,
-        &source,
+        source,
         (parts.before, parts.after),
         schema,
         tables,
@@ -722,7 +722,7 @@ fn flattened<'a>(
     Ok(Change::new(
         index,
         op,
-        &source.origin(),
+        source.origin(),
         images,
         schema,
         tables,
