@@ -219,6 +219,7 @@ pub mod codes {
     pub const METADATA_MISSING: &str = "AUTOCDC_INVALID_STATE.METADATA_MISSING";
     pub const METADATA_LOCATION: &str = "AUTOCDC_INVALID_STATE.METADATA_LOCATION";
     pub const INPUT_OFFSETS: &str = "AUTOCDC_INVALID_STATE.INPUT_OFFSETS";
+    pub const FOREIGN_LOG: &str = "AUTOCDC_INVALID_STATE.FOREIGN_LOG";
     pub const POSITION: &str = "AUTOCDC_INVALID_STATE.POSITION";
     pub const UNKNOWN_FILE: &str = "AUTOCDC_INVALID_STATE.UNKNOWN_FILE";
     pub const TRUNCATE_FLOOR: &str = "AUTOCDC_INVALID_STATE.TRUNCATE_FLOOR";
@@ -319,6 +320,7 @@ pub const REGISTRY: &[CodeInfo] = {
         info(METADATA_MISSING, 500, "a table's metadata file is missing"),
         info(METADATA_LOCATION, 500, "a table's metadata file is misnamed"),
         info(INPUT_OFFSETS, 500, "the target's `autocdc.input-offsets` property is unreadable"),
+        info(FOREIGN_LOG, 409, "a flow's NATS stream holds messages its target has no record of (written for another table); `autocdc log adopt` or `reset`"),
         info(POSITION, 500, "the state names a row position the target does not have"),
         info(UNKNOWN_FILE, 500, "the state names a data file the target does not have"),
         info(TRUNCATE_FLOOR, 500, "the state and target disagree after a truncate"),

@@ -32,6 +32,36 @@ pub struct LogRef {
     pub id: String,
     /// Entries of other logs not committed for this long are dropped.
     pub retention_ms: i64,
+    /// Recorded in the target as adopted when the target does not know it
+    /// (`LogFactory::adopts`): a broker's log.
+    pub adopt: bool,
+}
+
+/// The target's table property naming the logs it has taken as its own
+/// before committing from them: a JSON list of log identities.
+pub const PROP_ADOPTED_LOGS: &str = "autocdc.adopted-logs";
+
+/// Adopted logs kept (the oldest go first; a log committed from is in the
+/// offsets as well).
+pub const MAX_ADOPTED_LOGS: usize = 16;
+
+/// The logs a target's property says it adopted (none when absent or
+/// unreadable: then the log is adopted again).
+pub fn adopted(json: Option<&String>) -> Vec<String> {
+    json.and_then(|j| serde_json::from_str(j).ok())
+        .unwrap_or_default()
+}
+
+/// The property's value with `id` adopted as well (`None`: it is already).
+pub fn adopt(json: Option<&String>, id: &str) -> Option<String> {
+    let mut logs = adopted(json);
+    if logs.iter().any(|l| l == id) {
+        return None;
+    }
+    logs.push(id.to_string());
+    let over = logs.len().saturating_sub(MAX_ADOPTED_LOGS);
+    logs.drain(..over);
+    Some(serde_json::to_string(&logs).expect("a list of strings is JSON"))
 }
 
 /// The map in a summary (empty when the summary has none).
@@ -84,7 +114,24 @@ mod tests {
         LogRef {
             id: id.into(),
             retention_ms: 1000,
+            adopt: false,
         }
+    }
+
+    #[test]
+    fn adopting_adds_a_log_once_and_keeps_the_newest() {
+        let one = adopt(None, "a").unwrap();
+        assert_eq!(adopted(Some(&one)), vec!["a".to_string()]);
+        assert_eq!(adopt(Some(&one), "a"), None);
+        let mut json = one;
+        for i in 0..MAX_ADOPTED_LOGS + 3 {
+            json = adopt(Some(&json), &format!("l{i}")).unwrap();
+        }
+        let logs = adopted(Some(&json));
+        assert_eq!(logs.len(), MAX_ADOPTED_LOGS);
+        assert_eq!(logs.last().unwrap(), &format!("l{}", MAX_ADOPTED_LOGS + 2));
+        assert!(!logs.contains(&"a".to_string()));
+        assert!(adopted(Some(&"not json".to_string())).is_empty());
     }
 
     #[test]

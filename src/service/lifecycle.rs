@@ -199,9 +199,19 @@ impl Service {
     ) -> Result<Arc<FlowRuntime>> {
         let flow = self.with_target_columns(flow).await?;
         let recorded = Engine::recorded_logs(&flow, self.catalog.as_ref()).await?;
+        let id = match self.logs.identity(&flow.name, &recorded).await {
+            // Another instance may have adopted the log, and taken pushes,
+            // since the target was read: read it again before refusing.
+            Err(e) if e.code() == codes::FOREIGN_LOG => {
+                let recorded = Engine::recorded_logs(&flow, self.catalog.as_ref()).await?;
+                self.logs.identity(&flow.name, &recorded).await?
+            }
+            r => r?,
+        };
         let log_ref = LogRef {
-            id: self.logs.identity(&flow.name, &recorded).await?,
+            id,
             retention_ms: self.config.log_offsets_retention()?.as_millis() as i64,
+            adopt: self.logs.adopts(),
         };
         let engine = Engine::open_for_log(
             flow.clone(),

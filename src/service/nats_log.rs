@@ -256,6 +256,66 @@ impl LogFactory for NatsLogs {
         })
         .await
     }
+
+    fn adopts(&self) -> bool {
+        true
+    }
+}
+
+/// What a flow's stream holds, as `autocdc log` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamHolding {
+    /// Its identity (`nats:<stream>:<created>`).
+    pub id: String,
+    pub messages: u64,
+    pub first: u64,
+    pub last: u64,
+}
+
+impl NatsLogs {
+    /// What `flow`'s stream holds; `None` when there is no such stream.
+    pub async fn holding(&self, flow: &str) -> Result<Option<StreamHolding>> {
+        let name = self.stream_name(flow);
+        let mut s = match self.js.get_stream(&name).await {
+            Ok(s) => s,
+            Err(e) if not_found(&e) => return Ok(None),
+            Err(e) => return Err(unavailable(&name, e)),
+        };
+        let info = s.info().await.map_err(|e| unavailable(&name, e))?;
+        Ok(Some(StreamHolding {
+            id: format!("nats:{name}:{}", created_nanos(info)),
+            messages: info.state.messages,
+            first: info.state.first_sequence,
+            last: info.state.last_sequence,
+        }))
+    }
+
+    /// Drops every message of `flow`'s stream (its sequences go on from
+    /// the last one); how many there were.
+    pub async fn purge(&self, flow: &str) -> Result<u64> {
+        let name = self.stream_name(flow);
+        let s = self
+            .js
+            .get_stream(&name)
+            .await
+            .map_err(|e| unavailable(&name, e))?;
+        let r = s.purge().await.map_err(|e| unavailable(&name, e))?;
+        Ok(r.purged)
+    }
+}
+
+/// The error for a stream holding messages its flow's target has no
+/// record of: written for another table (a `stream_prefix` used with
+/// another warehouse, or a target dropped and made again). Replaying them
+/// would put another table's changes into this one; dropping them would
+/// lose what may be acknowledged. The operator says which.
+fn foreign(flow: &str, name: &str, messages: u64, first: u64, last: u64) -> Error {
+    Error::State {
+        code: codes::FOREIGN_LOG,
+        message: format!(
+            "NATS stream `{name}` holds {messages} messages (sequences {first}..={last}) that the target of flow `{flow}` has no record of: they were written for another table (a stream_prefix used with another warehouse, or a target dropped and made again). Run `autocdc log adopt --flow {flow}` to apply them to this target, or `autocdc log reset --flow {flow}` to drop them"
+        ),
+    }
 }
 
 impl NatsLogs {
@@ -263,7 +323,18 @@ impl NatsLogs {
         let name = self.stream_name(flow);
         let mut s = self.stream(flow, Some(recorded)).await?;
         let info = s.info().await.map_err(|e| unavailable(&name, e))?;
-        Ok(format!("nats:{name}:{}", created_nanos(info)))
+        let id = format!("nats:{name}:{}", created_nanos(info));
+        let held = &info.state;
+        if held.messages > 0 && !recorded.contains(&id) {
+            return Err(foreign(
+                flow,
+                &name,
+                held.messages,
+                held.first_sequence,
+                held.last_sequence,
+            ));
+        }
+        Ok(id)
     }
 
     async fn open_once(

@@ -578,6 +578,94 @@ fn a_missing_stream_is_not_made_again_for_a_target_with_nats_offsets() {
     });
 }
 
+/// A `stream_prefix` used before with another warehouse: the flow's
+/// stream holds messages written for another table. They used to be
+/// replayed into the new warehouse's table. Now the flow does not open
+/// (`AUTOCDC_INVALID_STATE.FOREIGN_LOG`) until `autocdc log` adopts them
+/// (applied to the new table) or resets the stream (dropped).
+#[test]
+fn a_stream_holding_another_tables_messages_is_refused_until_adopted_or_reset() {
+    use autocdc::tools::cli::{LogAction, log};
+    rt().block_on(async {
+        let (old, adopting, resetting) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let p = prefix();
+        let n = nats(&nats_url(), &p);
+        let client = reqwest::Client::new();
+        let cfg =
+            |dir: &std::path::Path| on_nats(dir, "data", vec![flow_cfg("m", "1h")], n.clone());
+        let r = start(cfg(old.path())).await;
+        let changes = url(&r, "/v1/flows/m/changes");
+        push(&client, &changes, &[u(1, "Oslo", 1)], None).await;
+        commit(&client, &r, "m").await;
+        push(&client, &changes, &[u(2, "Rome", 1)], None).await;
+        r.stop().await.unwrap();
+        let name = format!("{p}_m");
+        let held = stream_state(&nats_url(), &name).await.messages;
+        assert_eq!(held, 2, "both batches are kept for the idempotency window");
+
+        for dir in [adopting.path(), resetting.path()] {
+            let e = autocdc::service::run::start(cfg(dir), Default::default())
+                .await
+                .err()
+                .expect("opened on another table's stream");
+            assert_eq!(e.code(), "AUTOCDC_INVALID_STATE.FOREIGN_LOG", "{e}");
+            let m = e.to_string();
+            assert!(m.contains(&name) && m.contains("2 messages"), "{m}");
+            assert!(m.contains("autocdc log adopt --flow m"), "{m}");
+            assert!(m.contains("autocdc log reset --flow m"), "{m}");
+            assert_eq!(table(dir, "m").await, expected(&[]));
+            let shown = log(&cfg(dir), "m", None).await.unwrap().join("\n");
+            assert!(shown.contains("has no record of this stream"), "{shown}");
+        }
+        assert_eq!(stream_state(&nats_url(), &name).await.messages, held);
+
+        // Adopted: the new table takes what the stream holds.
+        let said = log(&cfg(adopting.path()), "m", Some(LogAction::Adopt))
+            .await
+            .unwrap()
+            .join("\n");
+        assert!(said.contains("adopted"), "{said}");
+        let r = start(cfg(adopting.path())).await;
+        commit(&client, &r, "m").await;
+        r.stop().await.unwrap();
+        assert_eq!(
+            table(adopting.path(), "m").await,
+            expected(&[u(1, "Oslo", 1), u(2, "Rome", 1)])
+        );
+        let shown = log(&cfg(adopting.path()), "m", None)
+            .await
+            .unwrap()
+            .join("\n");
+        assert!(shown.contains("knows this stream"), "{shown}");
+
+        // Reset: the messages are dropped; the table has only what comes
+        // after.
+        let said = log(&cfg(resetting.path()), "m", Some(LogAction::Reset))
+            .await
+            .unwrap()
+            .join("\n");
+        assert!(said.contains("dropped 2 messages"), "{said}");
+        let r = start(cfg(resetting.path())).await;
+        push(
+            &client,
+            &url(&r, "/v1/flows/m/changes"),
+            &[u(3, "Kyiv", 1)],
+            None,
+        )
+        .await;
+        commit(&client, &r, "m").await;
+        r.stop().await.unwrap();
+        assert_eq!(
+            table(resetting.path(), "m").await,
+            expected(&[u(3, "Kyiv", 1)])
+        );
+    });
+}
+
 #[test]
 fn two_instances_on_one_flow_both_take_pushes_one_commits_and_the_table_has_each_once() {
     rt().block_on(async {

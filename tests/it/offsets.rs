@@ -20,6 +20,7 @@ fn log(i: usize) -> LogRef {
     LogRef {
         id: format!("log-{i}"),
         retention_ms: i64::MAX,
+        adopt: false,
     }
 }
 

@@ -125,7 +125,19 @@ pub trait LogFactory: Send + Sync {
     /// on a broker that is not found while the target records offsets of
     /// such a log is not made again, empty: that would lose what the old
     /// one held (acknowledged, not yet committed).
+    /// A log that already holds records the target has no record of (its
+    /// identity neither in the target's offsets nor adopted) is refused
+    /// (`AUTOCDC_INVALID_STATE.FOREIGN_LOG`): they were written for another
+    /// table.
     async fn identity(&self, flow: &str, recorded: &[String]) -> Result<String>;
+
+    /// Whether the target records this log as adopted when it first opens
+    /// on it (`autocdc.adopted-logs`), so that records acknowledged before
+    /// its first commit are its own after a restart. Logs that outlive a
+    /// warehouse (a broker's) do; a local log lives beside its flow.
+    fn adopts(&self) -> bool {
+        false
+    }
 
     /// Opens `flow`'s log. Records through `committed` are in the target
     /// already; offsets after it must never be reused. `max_bytes` is the

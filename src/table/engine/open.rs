@@ -51,7 +51,7 @@ impl Engine {
     ) -> Result<Engine> {
         let codec = Codec::new(&flow)?;
         let mut evolved = Vec::new();
-        let (target, state_tbl) =
+        let (mut target, state_tbl) =
             open_tables(&flow, catalog.as_ref(), &faults, &mut evolved).await?;
         let (marker, foreign) = our_latest(&target.metadata, &flow.name);
         let num =
@@ -67,6 +67,12 @@ impl Engine {
             marker.as_ref().and_then(|m| num(m, PROP_INPUT_OFFSET)),
             log.as_ref(),
         );
+        if let Some(l) = log
+            .as_ref()
+            .filter(|l| l.adopt && !offsets.contains_key(&l.id))
+        {
+            target = adopt_log(catalog.as_ref(), target, &l.id).await?;
+        }
         let mut state = FlowState::new(&flow)?;
         let mut state_log_rows = 0;
         if let Some(sid) = state_snapshot {
@@ -162,7 +168,11 @@ impl Engine {
         };
         let (marker, _) = our_latest(&t.metadata, &flow.name);
         let offsets = offsets::parse(marker.as_ref().and_then(|m| m.get(PROP_INPUT_OFFSETS)))?;
-        Ok(offsets.into_keys().collect())
+        let mut logs: Vec<String> = offsets.into_keys().collect();
+        logs.extend(offsets::adopted(
+            t.metadata.properties().get(offsets::PROP_ADOPTED_LOGS),
+        ));
+        Ok(logs)
     }
 
     /// The offset of `log` the target records, and its current snapshot,
@@ -283,6 +293,49 @@ fn target_properties(flow: &Flow) -> HashMap<String, String> {
 /// Creates a table, or loads it when another writer created it first: two
 /// instances starting one flow on a new catalog (a shared log) race here,
 /// and the table the winner made is the one both use.
+/// Records `log` in the target's `autocdc.adopted-logs` (one commit, only
+/// when it is not there): from now on what the log holds is this target's,
+/// so records acknowledged before the first commit are replayed into it
+/// after a restart, and a log it never adopted that holds records is
+/// refused (`LogFactory::identity`). Instances opening the flow at once
+/// each try; a conflict reloads and looks again.
+async fn adopt_log(catalog: &dyn Catalog, mut t: TableState, log: &str) -> Result<TableState> {
+    const ATTEMPTS: usize = 8;
+    for _ in 0..ATTEMPTS {
+        let Some(json) =
+            offsets::adopt(t.metadata.properties().get(offsets::PROP_ADOPTED_LOGS), log)
+        else {
+            return Ok(t);
+        };
+        let updates = HashMap::from([(offsets::PROP_ADOPTED_LOGS.to_string(), json)]);
+        match catalog
+            .commit(
+                &t,
+                vec![iceberg::TableUpdate::SetProperties { updates }],
+                vec![iceberg::TableRequirement::UuidMatch {
+                    uuid: t.metadata.uuid(),
+                }],
+            )
+            .await
+        {
+            Ok(done) => {
+                tracing::info!(table = %done.ident, log, "log adopted");
+                return Ok(done);
+            }
+            Err(Error::CommitConflict(_)) => {
+                t = catalog.load_table(&t.ident).await?.ok_or_else(|| {
+                    Error::CommitConflict(format!("table {} went while adopting {log}", t.ident))
+                })?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::CommitConflict(format!(
+        "table {}: adopting log {log} conflicted {ATTEMPTS} times",
+        t.ident
+    )))
+}
+
 async fn create_or_load(
     catalog: &dyn Catalog,
     ident: &iceberg::TableIdent,

@@ -109,6 +109,19 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A flow's NATS stream that holds messages its target has no record of
+    /// (a `stream_prefix` used with another warehouse, or a target dropped
+    /// and made again; `serve` refuses to open the flow): `adopt` them into
+    /// the target (they are applied when the flow opens), or `reset` the
+    /// stream (they are dropped). With neither, shows what the stream holds.
+    Log {
+        #[arg(long, default_value = "autocdc.toml")]
+        config: PathBuf,
+        #[arg(long)]
+        flow: String,
+        #[arg(value_enum)]
+        action: Option<LogAction>,
+    },
     /// Measure end-to-end apply throughput (see docs/dev/benchmarks.md).
     Bench(crate::tools::bench::BenchArgs),
     /// Thousands of small commits with maintenance on, then off: metadata,
@@ -171,4 +184,14 @@ pub enum GenFeed {
         #[arg(long)]
         no_null_keys: bool,
     },
+}
+
+/// What `autocdc log` does with a stream its flow's target does not know.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogAction {
+    /// Take the stream's messages as the target's: they are applied when
+    /// the flow opens (the target is created if missing).
+    Adopt,
+    /// Drop every message of the stream.
+    Reset,
 }

@@ -1,8 +1,9 @@
 //! The `autocdc` command line: apply, gen, demo, show, state, maintain,
-//! refresh, serve, push and the benches. Library errors become messages and
+//! refresh, log, serve, push and the benches. Library errors become messages and
 //! exit codes here and nowhere else. This file dispatches; the commands live
 //! in `apply` (change files into a flow's target), `inspect` (show, state,
-//! maintain, refresh), `demo` (`demo` and `gen`), with what they share in
+//! maintain, refresh), `log` (a NATS stream its target does not know),
+//! `demo` (`demo` and `gen`), with what they share in
 //! `setup`; `args` is the clap definition.
 
 use std::path::Path;
@@ -16,10 +17,12 @@ mod apply;
 mod args;
 mod demo;
 mod inspect;
+mod log;
 mod setup;
 
 pub use crate::service::now_ms;
-pub use args::{Cli, Command, GenFeed};
+pub use args::{Cli, Command, GenFeed, LogAction};
+pub use log::log;
 
 use apply::{apply_files, apply_snapshot};
 use demo::{demo, gen_ghost_kitchen};
@@ -90,6 +93,11 @@ pub async fn run(cli: Cli) -> Result<()> {
             )
             .await
         }
+        Command::Log {
+            config,
+            flow,
+            action,
+        } => log::run(&config, &flow, action).await,
         Command::Bench(args) => crate::tools::bench::run(args).await,
         Command::BenchServe(args) => crate::tools::loadgen::run(args).await,
         Command::BenchLong(args) => crate::tools::bench_long::run(args).await,
