@@ -7,7 +7,8 @@ One client thread per flow pushes the ghost-kitchen feed, shuffled, in
 requests with Idempotency-Keys, each to a random instance and retried on
 random instances until acknowledged. Meanwhile a killer SIGKILLs a random
 instance at random moments and restarts it with an empty data_dir (a lost
-machine), and halfway one NATS node is SIGKILLed and restarted.
+machine), and three times (AUTOCDC_CLUSTER_NATS_KILLS) a NATS node is
+SIGKILLed and restarted while a restarted instance opens its flows.
 
 At the end, for every flow:
 - the acknowledged offsets are exactly 1..N for its N requests: every
@@ -94,6 +95,15 @@ class Node:
             self.proc.wait()
 
 
+def catching(f):
+    """None when `f()` returns, else what it raised, as text."""
+    try:
+        f()
+        return None
+    except Exception as e:  # noqa: BLE001 - reported by the caller
+        return f"{type(e).__name__}: {e}"
+
+
 class Instance:
     """One `autocdc serve`; restarted with an empty data_dir after a kill."""
 
@@ -168,6 +178,7 @@ def snapshot_epochs(metadata_path):
 
 def main():
     binary, nats_server, work, gk, kills_wanted = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+    nats_kills_wanted = int(os.environ.get("AUTOCDC_CLUSTER_NATS_KILLS", "3"))
     started = time.monotonic()
     run_id = uuid.uuid4().hex[:8]
     lines = []
@@ -199,18 +210,39 @@ def main():
     nats_killed = []
     acked = {f: {} for f in CONFIG_FLOWS + [PUT_FLOW]}
 
+    def restart_while_nats_node_dies(rng):
+        # An instance opens its flows while a NATS node is SIGKILLed and
+        # restarted (the cluster elects new leaders meanwhile, and may answer
+        # "stream not found" for streams that exist): it must wait for them,
+        # never make one again empty, and come up.
+        k = rng.randrange(INSTANCES)
+        node = nodes[rng.randrange(3)]
+        with locks[k]:
+            instances[k].kill()
+            kills[k] += 1
+            shutil.rmtree(instances[k].data, ignore_errors=True)
+            opened = []
+            opening = threading.Thread(target=lambda: opened.append(catching(instances[k].start)))
+            opening.start()
+            time.sleep(rng.uniform(0.0, 0.3))
+            node.kill()
+            nats_killed.append(f"n{node.i}")
+            time.sleep(4)
+            node.start()
+            wait_until(f"NATS node n{node.i} healthy again", node.healthy, 60)
+            opening.join()
+            if opened != [None]:
+                raise Fail(f"instance {k}, started while NATS node n{node.i} died: {opened}")
+
     def killer():
         rng = random.Random(17)
         try:
             while sum(kills) < kills_wanted and not done.is_set():
                 time.sleep(rng.uniform(0.5, 1.5))
-                if not nats_killed and sum(kills) >= kills_wanted // 2:
-                    node = nodes[rng.randrange(3)]
-                    node.kill()
-                    nats_killed.append(f"n{node.i}")
-                    time.sleep(4)
-                    node.start()
-                    wait_until(f"NATS node n{node.i} healthy again", node.healthy, 60)
+                due = (len(nats_killed) + 1) * kills_wanted // (nats_kills_wanted + 1)
+                if len(nats_killed) < nats_kills_wanted and sum(kills) >= due:
+                    restart_while_nats_node_dies(rng)
+                    continue
                 k = rng.randrange(INSTANCES)
                 with locks[k]:
                     instances[k].kill()

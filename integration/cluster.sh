@@ -2,7 +2,8 @@
 # Scale-out chaos (docs/scale-out.md): a 3-node NATS JetStream cluster on
 # localhost, 3 `autocdc serve` instances, 3 flows; pushes to random
 # instances while instances are SIGKILLed (and restarted with an empty
-# data_dir) and one NATS node is SIGKILLed and restarted. Every table must
+# data_dir) and, three times, a NATS node is SIGKILLed and restarted while
+# an instance opens its flows. Every table must
 # equal the oracle, every acknowledged batch be in once, and the tables'
 # history show one lease holder at a time. See integration/cluster.py.
 #
