@@ -157,7 +157,8 @@ fn first_null(a: &ArrayRef) -> Option<usize> {
 /// Rejects the batch when a key or sequence is null, naming the row and column.
 /// A truncate (`apply_as_truncates`) needs no key.
 pub fn validate(flow: &Flow, batch: &RecordBatch) -> Result<()> {
-    let truncates = mask(flow, flow.truncates.as_ref(), batch)?;
+    // Truncates and snapshot cuts need no key.
+    let truncates = mask(flow, flow.truncates.as_ref().or(flow.cuts.as_ref()), batch)?;
     // Sequences first, as Spark's AUTO CDC: a row null in both is NULL_SEQUENCE.
     for (idxs, code, what) in [
         (&flow.seq_idx, codes::NULL_SEQUENCE, "sequence"),

@@ -12,7 +12,7 @@ use arrow_schema::SchemaRef;
 use arrow_select::take::take;
 
 use crate::core::flow::Flow;
-use crate::core::history::{self, Folding, HistCodec, History};
+use crate::core::history::{self, Cut, Folding, HistCodec, History};
 use crate::core::resolve::{self, BatchStats, Codec, Join, Resolution};
 use crate::core::state::{EntryRef, FileTable, KeyIndex, Loc, Value, hash_key};
 use crate::error::{Error, Result, codes};
@@ -226,7 +226,8 @@ impl FlowState {
     pub fn refold(&self, flow: &Flow, was: &Folding, state_complete: bool) -> Result<Plan> {
         match self {
             FlowState::History { codec: hc, events } => {
-                let before = HistCodec::folding(flow, was)?;
+                let mut before = HistCodec::folding(flow, was)?;
+                before.set_cuts(hc.cuts().to_vec());
                 Ok(Plan::History(history::refold(
                     &before,
                     hc,
@@ -235,6 +236,44 @@ impl FlowState {
                 )))
             }
             FlowState::Keys(_) => Err(no_history(flow, "re-folded")),
+        }
+    }
+
+    /// The cuts of completed snapshots the history folds with (SCD Type 2
+    /// Debezium flows; none otherwise).
+    pub fn cuts(&self) -> &[Cut] {
+        match self {
+            FlowState::History { codec, .. } => codec.cuts(),
+            FlowState::Keys(_) => &[],
+        }
+    }
+
+    /// Folds with `cuts` from now on (as the target's rows were folded).
+    pub fn set_cuts(&mut self, cuts: Vec<Cut>) {
+        if let FlowState::History { codec, .. } = self {
+            codec.set_cuts(cuts);
+        }
+    }
+
+    /// New cuts of completed snapshots: the history folds with them from
+    /// now on, and the plan folds every key again (the open versions of
+    /// keys a snapshot did not read close at its cut).
+    pub fn add_cuts(&mut self, flow: &Flow, new: Vec<Cut>, state_complete: bool) -> Result<Plan> {
+        match self {
+            FlowState::History { codec: hc, events } => {
+                let mut was = HistCodec::new(flow)?;
+                was.set_cuts(hc.cuts().to_vec());
+                let mut all = hc.cuts().to_vec();
+                all.extend(new);
+                hc.set_cuts(all);
+                Ok(Plan::History(history::refold(
+                    &was,
+                    hc,
+                    events,
+                    state_complete,
+                )))
+            }
+            FlowState::Keys(_) => Err(no_history(flow, "cut by a snapshot")),
         }
     }
 

@@ -507,6 +507,15 @@ fn a_snapshot_read_never_wins_over_a_streamed_change() {
 /// The table an engine on a fresh Hadoop catalog holds after applying
 /// `chunks` in turn (one commit each), reopened halfway as after a restart.
 fn engine_table(flow: &Flow, chunks: &[Vec<Value>]) -> BTreeSet<Vec<String>> {
+    let mut rows = BTreeSet::new();
+    for b in engine_batches(flow, chunks) {
+        rows.extend(common::render_all(&b));
+    }
+    rows
+}
+
+/// The target's batches after applying `chunks` as `engine_table` does.
+fn engine_batches(flow: &Flow, chunks: &[Vec<Value>]) -> Vec<arrow_array::RecordBatch> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -531,11 +540,7 @@ fn engine_table(flow: &Flow, chunks: &[Vec<Value>]) -> BTreeSet<Vec<String>> {
             }
             engine.apply(&decode(flow, chunk), i as i64).await.unwrap();
         }
-        let mut rows = BTreeSet::new();
-        for b in engine.scan_target().await.unwrap() {
-            rows.extend(common::render_all(&b));
-        }
-        rows
+        engine.scan_target().await.unwrap()
     })
 }
 
@@ -624,6 +629,148 @@ fn a_snapshot_run_again_is_authoritative_when_it_completes() {
     kept.extend(now.clone());
     let chunks = vec![first.clone(), unmarked];
     assert_eq!(engine_table(&flow, &chunks), rendered(&kept));
+}
+
+/// SCD Type 2: a snapshot run again and completed closes the versions of
+/// the keys it did not read (rows the first, partial snapshot delivered and
+/// that were deleted meanwhile) at its position, as if deleted there; the
+/// keys it read go on with no gap; whatever the order and batching of
+/// arrival (the cut before or after the reads it spares), and with the
+/// first snapshot's reads redelivered late. Without the completing read,
+/// nothing closes.
+#[test]
+fn a_snapshot_run_again_closes_the_versions_it_did_not_read_in_scd2() {
+    use arrow_array::Array;
+    let cfg: FlowConfig = toml::from_str(&format!("stored_as_scd_type = 2\n{CUSTOMERS}")).unwrap();
+    let flow = Flow::new(cfg).unwrap();
+    let row = |name: &str, cents: i64| (name.to_string(), cents);
+    let first: Vec<Value> = (0..6)
+        .map(|id| {
+            pg_event(
+                "customers",
+                "r",
+                id,
+                Some(&row("first", id as i64)),
+                None,
+                1_000,
+            )
+        })
+        .collect();
+    // Meanwhile 1, 3 and 5 went, 2 changed, 7 came; the second snapshot
+    // (at 2,000) reads the table as it is, its last read marked.
+    let now: BTreeMap<i32, Row> = [
+        (0, row("first", 0)),
+        (2, row("updated", 22)),
+        (4, row("first", 4)),
+        (7, row("new", 77)),
+    ]
+    .into();
+    let mut second: Vec<Value> = now
+        .iter()
+        .map(|(id, r)| pg_event("customers", "r", *id, Some(r), None, 2_000))
+        .collect();
+    second.last_mut().unwrap()["payload"]["source"]["snapshot"] = json!("last_in_data_collection");
+    // Streamed after it: 3 comes back, 0 is deleted, 4 updated.
+    let stream = vec![
+        pg_event("customers", "c", 3, Some(&row("back", 3)), None, 2_100),
+        pg_event("customers", "d", 0, None, Some(2_101), 2_150),
+        pg_event(
+            "customers",
+            "u",
+            4,
+            Some(&row("streamed", 44)),
+            Some(2_151),
+            2_200,
+        ),
+    ];
+    let mut want = now.clone();
+    want.insert(3, row("back", 3));
+    want.remove(&0);
+    want.insert(4, row("streamed", 44));
+
+    // (id, name, balance, start, end) of every version.
+    let versions = |batches: &[arrow_array::RecordBatch]| -> BTreeSet<Vec<String>> {
+        let mut out = BTreeSet::new();
+        for b in batches {
+            let end = b.schema().index_of("__END_AT").unwrap();
+            for (r, mut cells) in common::render_all(b).into_iter().enumerate() {
+                if b.column(end).is_null(r) {
+                    cells[end] = "open".into();
+                }
+                out.insert(cells);
+            }
+        }
+        out
+    };
+    let current = |v: &BTreeSet<Vec<String>>| -> BTreeSet<Vec<String>> {
+        v.iter()
+            .filter(|r| r.last().unwrap() == "open")
+            .map(|r| r[..3].to_vec())
+            .collect()
+    };
+    let closed_ids = |v: &BTreeSet<Vec<String>>| -> BTreeSet<String> {
+        v.iter()
+            .filter(|r| r.last().unwrap() != "open")
+            .map(|r| r[0].clone())
+            .collect()
+    };
+
+    let in_order: Vec<Value> = [first.clone(), second.clone(), stream.clone()].concat();
+    let reference = versions(&engine_batches(&flow, std::slice::from_ref(&in_order)));
+    assert_eq!(current(&reference), rendered(&want), "{reference:#?}");
+    // 1 and 5 close at the cut; 3 too (then comes back); 0 is deleted
+    // after; 2 and 4 change; 7 is new. 0, 2 and 4 were read by both
+    // snapshots: their first version runs until it changed, not the cut.
+    assert_eq!(
+        closed_ids(&reference),
+        ["0", "1", "2", "3", "4", "5"].map(String::from).into(),
+        "{reference:#?}"
+    );
+    let stale_versions = reference
+        .iter()
+        .filter(|r| ["1", "3", "5"].contains(&r[0].as_str()) && r[1] == "first")
+        .count();
+    assert_eq!(stale_versions, 3, "{reference:#?}");
+    let still = reference
+        .iter()
+        .filter(|r| r[0] == "4" && r[1] == "first")
+        .collect::<Vec<_>>();
+    assert_eq!(
+        still.len(),
+        1,
+        "4 read by both snapshots is one version until its update"
+    );
+
+    let mut rng = StdRng::seed_from_u64(48);
+    for round in 0..8 {
+        let mut events = in_order.clone();
+        match round {
+            0 => {}
+            1 => events.reverse(),
+            2 => events.extend(first.iter().cloned()),
+            // The completing read first, the rest of the second snapshot after.
+            3 => events.rotate_left(first.len() + second.len() - 1),
+            _ => events.shuffle(&mut rng),
+        }
+        let size = [events.len(), 1, 3, 2, 1, 4, 5, 3][round];
+        let chunks: Vec<Vec<Value>> = events.chunks(size).map(<[Value]>::to_vec).collect();
+        assert_eq!(
+            versions(&engine_batches(&flow, &chunks)),
+            reference,
+            "round {round}"
+        );
+    }
+
+    // The second snapshot never completed: nothing closes but by changes.
+    let mut unmarked = second.clone();
+    unmarked.last_mut().unwrap()["payload"]["source"]["snapshot"] = json!("true");
+    let got = versions(&engine_batches(&flow, &[first.clone(), unmarked]));
+    assert!(
+        ["1", "3", "5"].iter().all(|id| got
+            .iter()
+            .any(|r| &r[0] == id && r.last().unwrap() == "open")),
+        "{got:#?}"
+    );
 }
 
 #[test]

@@ -63,6 +63,10 @@ pub struct Flow {
     pub computed: Vec<Computed>,
     pub deletes: Option<Predicate>,
     pub truncates: Option<Predicate>,
+    /// SCD Type 2 Debezium flows: the rows that are completed snapshots'
+    /// cuts (`core::history::Cut`; a real truncate is skipped when read),
+    /// which need no key and are no change of a row.
+    pub cuts: Option<Predicate>,
     /// SCD Type 2: the target keeps every version with `__START_AT` / `__END_AT`.
     pub scd2: bool,
     /// Source columns whose change opens a new SCD Type 2 version, sorted.
@@ -131,19 +135,23 @@ impl Flow {
                 .map_err(|e| Error::from_predicate(f, e)),
             None => Ok(None),
         };
-        let (deletes, truncates) = match config.format {
+        let (deletes, truncates, cuts) = match config.format {
             InputFormat::Rows => (
                 config.apply_as_deletes.clone(),
                 config.apply_as_truncates.clone(),
+                None,
             ),
-            // SCD Type 2 takes no truncates, as Spark's AUTO CDC.
+            // SCD Type 2 takes no truncates, as Spark's AUTO CDC; its `t`
+            // rows are the cuts of completed snapshots.
             InputFormat::Debezium => (
                 Some(debezium::DELETES.to_string()),
                 (!scd2).then(|| debezium::TRUNCATES.to_string()),
+                scd2.then(|| debezium::TRUNCATES.to_string()),
             ),
         };
         let deletes = predicate(&deletes)?;
         let truncates = predicate(&truncates)?;
+        let cuts = predicate(&cuts)?;
         // Both sorted: `Folding` compares them with the sets a target records.
         let mut tracked = tracked_columns(&config, &target_cols, &key_idx)?;
         tracked.sort_unstable();
@@ -171,6 +179,7 @@ impl Flow {
             computed,
             deletes,
             truncates,
+            cuts,
             scd2,
             tracked,
             target_cols,

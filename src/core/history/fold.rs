@@ -45,6 +45,38 @@ pub struct HistCodec {
     leaves: Vec<bool>,
     /// SCD Type 1 with ties rejected: values later upserts overwrite can go.
     prune: bool,
+    /// SCD Type 2 Debezium flows: where completed snapshots cut the
+    /// history, in sequence order (`Cut`).
+    cuts: Vec<Cut>,
+}
+
+/// Where a completed snapshot of a Debezium source cuts an SCD Type 2
+/// history: just below the snapshot's reads (its sequence is the
+/// snapshot's position with rank -1, which no event has). A key with
+/// events below the cut and no read at the snapshot's position was gone
+/// from the source when the snapshot read it (deleted while an earlier,
+/// partial snapshot ran, its delete in neither snapshot nor stream): its
+/// open version ends at the cut, as if it had been deleted there. A key
+/// the snapshot read is not cut. Decided by the key's events alone, so the
+/// order in which the cut and the reads arrive does not matter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cut {
+    /// The cut's sequence, row-encoded.
+    pub seq: std::sync::Arc<[u8]>,
+}
+
+/// Row-encoded bytes of the last sequence column of a Debezium flow (the
+/// rank, an Int32: a validity byte and four value bytes): two sequences
+/// that differ only there are at one source position.
+const RANK_BYTES: usize = 5;
+
+impl Cut {
+    /// Whether an event's sequence is at the cut's source position (a read
+    /// of the snapshot that made the cut).
+    fn at_position(&self, seq: &[u8]) -> bool {
+        let n = self.seq.len().saturating_sub(RANK_BYTES);
+        seq.len() == self.seq.len() && seq[..n] == self.seq[..n]
+    }
 }
 
 impl HistCodec {
@@ -125,7 +157,21 @@ impl HistCodec {
             keep,
             leaves,
             prune: !flow.scd2 && flow.on_tie == TiePolicy::Error,
+            cuts: Vec::new(),
         })
+    }
+
+    /// The cuts of completed snapshots this codec folds with (SCD Type 2),
+    /// sorted.
+    pub fn cuts(&self) -> &[Cut] {
+        &self.cuts
+    }
+
+    /// Folds with `cuts` from now on.
+    pub fn set_cuts(&mut self, mut cuts: Vec<Cut>) {
+        cuts.sort_by(|a, b| a.seq.cmp(&b.seq));
+        cuts.dedup();
+        self.cuts = cuts;
     }
 
     pub(super) fn is_null(&self, col: usize, v: &[u8]) -> bool {
@@ -232,13 +278,22 @@ impl Folding {
     }
 }
 
+/// What closes a version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// An event: the next version's start, or a delete.
+    Event(usize),
+    /// A completed snapshot's cut (`Cut`).
+    Cut(std::sync::Arc<[u8]>),
+}
+
 /// One row of the target, as the fold of a key's events produces it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Version {
     /// Event that opens the version.
     pub start: usize,
-    /// Event that closes it (the next version's start, or a delete).
-    pub end: Option<usize>,
+    /// What closes it; open when none.
+    pub end: Option<End>,
     /// Event whose `loc` locates the row.
     pub anchor: usize,
     /// Event whose values the row has, unless `merged`.
@@ -257,6 +312,15 @@ impl Version {
             None => events[self.from].vals(),
         }
     }
+
+    /// The sequence that closes it (`__END_AT`), when closed.
+    pub fn end_seq<'a>(&'a self, events: &'a [Event]) -> Option<&'a [u8]> {
+        match &self.end {
+            None => None,
+            Some(End::Event(e)) => Some(events[*e].seq()),
+            Some(End::Cut(seq)) => Some(seq),
+        }
+    }
 }
 
 /// The target rows of one key: events in sequence order → versions.
@@ -266,7 +330,8 @@ impl Version {
 /// closes the current version at its sequence and opens a new one. A delete
 /// closes the current version. With `ignore_null_updates` a null takes the
 /// current version's value (after a delete there is none to keep).
-/// SCD Type 1 keeps only the open version.
+/// SCD Type 1 keeps only the open version. A snapshot's cut (`Cut`) closes
+/// the open version of a key it did not read, as a delete would.
 ///
 /// A version borrows its values from its event; only values merged under
 /// `ignore_null_updates` are copied.
@@ -275,10 +340,21 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
     let any_leaves = hc.leaves.contains(&true);
     let mut out = Vec::new();
     let mut cur: Option<Version> = None;
+    let mut cuts = hc.cuts.iter().peekable();
     for (i, e) in events.iter().enumerate() {
+        // The cuts below this event: each closes the open version unless
+        // this event is a read at its position (no event is at a cut).
+        while let Some(c) = cuts.next_if(|c| *c.seq < *e.seq()) {
+            if !c.at_position(e.seq())
+                && let Some(mut v) = cur.take()
+            {
+                v.end = Some(End::Cut(c.seq.clone()));
+                out.push(v);
+            }
+        }
         if e.is_delete() {
             if let Some(mut v) = cur.take() {
-                v.end = Some(i);
+                v.end = Some(End::Event(i));
                 out.push(v);
             }
             continue;
@@ -338,7 +414,7 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
             }
             _ => {
                 if let Some(mut v) = cur.take() {
-                    v.end = Some(i);
+                    v.end = Some(End::Event(i));
                     out.push(v);
                 }
                 cur = Some(Version {
@@ -351,6 +427,13 @@ pub fn fold(hc: &HistCodec, events: &[Event]) -> Vec<Version> {
                 });
             }
         }
+    }
+    // A cut above every event closes what is open.
+    if let Some(c) = cuts.next()
+        && let Some(mut v) = cur.take()
+    {
+        v.end = Some(End::Cut(c.seq.clone()));
+        out.push(v);
     }
     out.extend(cur);
     if !hc.scd2 {
@@ -368,8 +451,8 @@ pub(super) fn row_hash(hc: &HistCodec, events: &[Event], v: &Version) -> u64 {
         return vals;
     }
     let start = xxh3_64_with_seed(events[v.start].seq(), vals);
-    match v.end {
-        Some(e) => xxh3_64_with_seed(events[e].seq(), start ^ 0x9e37_79b9_7f4a_7c15),
+    match v.end_seq(events) {
+        Some(end) => xxh3_64_with_seed(end, start ^ 0x9e37_79b9_7f4a_7c15),
         None => start.rotate_left(17),
     }
 }
@@ -422,6 +505,8 @@ pub(super) fn prune(hc: &HistCodec, events: &mut [Event]) {
 /// the rest of the key's versions, so a late change to a long history (a
 /// hot key) costs the events after `from`, not all of them.
 ///
+/// - With snapshot cuts: 0 (whether a cut closes a version depends on
+///   the key's events after it).
 /// - SCD Type 2 that ignores no nulls: the first event of the version open
 ///   just before `first` (or `first` when none is). A version's tracked
 ///   values are those of each of its events, so its start is found walking
@@ -436,6 +521,10 @@ pub(super) fn refold_from(hc: &HistCodec, old: &[Event], first: usize) -> usize 
         return 0;
     }
     let first = first.min(old.len());
+    // Whether a cut closes a version depends on the events after it.
+    if !hc.cuts.is_empty() {
+        return 0;
+    }
     if !hc.scd2 || hc.prune || hc.keep.iter().any(Option::is_some) {
         return old[..first].iter().rposition(Event::is_delete).unwrap_or(0);
     }

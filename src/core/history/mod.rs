@@ -41,7 +41,7 @@ mod vals;
 pub use apply::apply;
 pub use arena::History;
 pub use event::Event;
-pub use fold::{Folding, HistCodec, Version, fold};
+pub use fold::{Cut, End, Folding, HistCodec, Version, fold};
 pub use plan::{KeyChange, OutRow, Plan, rows_batch};
 pub use refold::{rebuild, refold};
 pub use resolve::resolve;

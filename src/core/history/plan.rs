@@ -54,7 +54,7 @@ pub(super) fn to_out(key: &[u8], events: &[Event], v: &Version) -> OutRow {
         key: key.into(),
         vals: v.vals(events).to_owned(),
         start: Some(events[v.start].seq().into()),
-        end: v.end.map(|e| events[e].seq().into()),
+        end: v.end_seq(events).map(Into::into),
     }
 }
 

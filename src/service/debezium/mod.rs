@@ -339,9 +339,10 @@ fn rows_as(
         let position = c
             .position()
             .map_err(|m| err(format!("event {}: {m}", c.index)))?;
-        if flow.truncates.is_some() && c.ends_snapshot() {
+        if (flow.truncates.is_some() || flow.cuts.is_some()) && c.ends_snapshot() {
             // The table's snapshot is complete: a truncate just below its
-            // reads removes what an earlier, partial snapshot left.
+            // reads removes what an earlier, partial snapshot left (SCD
+            // Type 2: a cut there closes those rows' open versions).
             if build.empty(columns).is_err() {
                 return Ok(None);
             }

@@ -3,12 +3,12 @@
 //! whose outcome is unknown (reopen, look for the attempt's snapshot,
 //! rebuild on the new base).
 
-use arrow_array::RecordBatch;
+use arrow_array::{Array, RecordBatch};
 
 use super::commit::{Failure, Mode, Planned};
 use super::{CommitReport, Engine};
 use crate::core::from_snapshot;
-use crate::core::history::Folding;
+use crate::core::history::{Cut, Folding};
 use crate::core::offsets;
 use crate::core::resolve::{self, BatchStats};
 use crate::core::truncate;
@@ -38,6 +38,10 @@ impl<'a> Input<'a> {
         }
     }
 }
+
+/// Completed snapshots' cuts a history folds with, at most (each is a
+/// snapshot of the source that ran to its end).
+const MAX_CUTS: usize = 256;
 
 /// How often a batch is rebuilt after a lost race or an unknown outcome
 /// before the error goes to the caller.
@@ -107,6 +111,22 @@ impl Engine {
         if self.flow.keeps_history() && self.folded_with != Folding::of(&self.flow) {
             self.refold(now_ms).await?;
         }
+        // Completed snapshots' cuts are no change of a row: new ones are
+        // committed first (a re-fold), then the batch goes on without them.
+        let without_cuts;
+        let input = match input {
+            Input::Changes(batch) => match self.split_cuts(batch)? {
+                Some((rest, new)) => {
+                    if !new.is_empty() {
+                        self.cut(new, now_ms).await?;
+                    }
+                    without_cuts = rest;
+                    Input::Changes(&without_cuts)
+                }
+                None => input,
+            },
+            snapshot => snapshot,
+        };
         let mut attempted: Vec<i64> = Vec::new();
         let mut delay = std::time::Duration::from_millis(50);
         loop {
@@ -201,6 +221,51 @@ impl Engine {
             skipped_for_version: Some(have),
             ..Default::default()
         })
+    }
+
+    /// SCD Type 2 Debezium flows: the batch without its cut rows (`Flow::cuts`),
+    /// and the cuts among them the history does not fold with yet. None
+    /// when the batch has no cut row.
+    fn split_cuts(&self, batch: &RecordBatch) -> Result<Option<(RecordBatch, Vec<Cut>)>> {
+        let Some(is_cut) = resolve::mask(&self.flow, self.flow.cuts.as_ref(), batch)? else {
+            return Ok(None);
+        };
+        let is_cut = arrow_array::BooleanArray::from_iter(
+            (0..is_cut.len()).map(|i| Some(is_cut.is_valid(i) && is_cut.value(i))),
+        );
+        if is_cut.true_count() == 0 {
+            return Ok(None);
+        }
+        let rest =
+            arrow_select::filter::filter_record_batch(batch, &arrow_arith::boolean::not(&is_cut)?)?;
+        let cut_rows = arrow_select::filter::filter_record_batch(batch, &is_cut)?;
+        let seqs: Vec<arrow_array::ArrayRef> = self
+            .flow
+            .seq_idx
+            .iter()
+            .map(|&i| cut_rows.column(i).clone())
+            .collect();
+        let encoded = self.codec.seqs.convert_columns(&seqs)?;
+        let known = self.state.cuts();
+        let mut new: Vec<Cut> = Vec::new();
+        for row in encoded.iter() {
+            let cut = Cut {
+                seq: row.as_ref().into(),
+            };
+            if known.contains(&cut) || new.contains(&cut) {
+                continue;
+            }
+            if known.len() + new.len() >= MAX_CUTS {
+                tracing::warn!(
+                    flow = %self.flow.name,
+                    max = MAX_CUTS,
+                    "a completed snapshot's cut is not applied: the flow has the most it keeps"
+                );
+                continue;
+            }
+            new.push(cut);
+        }
+        Ok(Some((rest, new)))
     }
 
     /// Phase 1, plan: a snapshot becomes its changes, truncates rewrite the

@@ -12,7 +12,7 @@ use iceberg::spec::{Schema, TableMetadata};
 
 use super::Engine;
 use crate::core::flow::Flow;
-use crate::core::history::Folding;
+use crate::core::history::{Cut, Folding};
 use crate::core::offsets::{self, Offsets, PROP_INPUT_OFFSETS};
 use crate::core::resolve::Codec;
 use crate::error::{Error, Result, codes};
@@ -26,6 +26,9 @@ pub const PROP_GENERATION: &str = "autocdc.generation";
 pub const PROP_STATE_COMPLETE: &str = "autocdc.state-complete";
 /// `apply_as_truncates`: the highest truncate's sequence, as a JSON object.
 pub const PROP_TRUNCATED_BELOW: &str = "autocdc.truncated-below";
+/// SCD Type 2 Debezium flows: the cuts of completed snapshots the rows were
+/// folded with (`core::history::Cut`), a JSON list of sequences.
+pub const PROP_SNAPSHOT_CUTS: &str = "autocdc.snapshot-cuts";
 /// `from_snapshot` flows: the version of the last snapshot applied.
 pub const PROP_SNAPSHOT_VERSION: &str = "autocdc.snapshot-version";
 /// SCD Type 2: the tracked columns the target's rows were folded with, a
@@ -95,6 +98,29 @@ fn floor_to_json(flow: &Flow, codec: &Codec, floor: &[u8]) -> Result<String> {
     w.write(&batch)?;
     w.finish()?;
     Ok(String::from_utf8_lossy(&w.into_inner()).trim().to_string())
+}
+
+/// Cuts as `PROP_SNAPSHOT_CUTS` holds them: each sequence as a JSON object.
+fn cuts_to_json(flow: &Flow, codec: &Codec, cuts: &[Cut]) -> Result<String> {
+    let each = cuts
+        .iter()
+        .map(|c| floor_to_json(flow, codec, &c.seq))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(format!("[{}]", each.join(",")))
+}
+
+/// The cuts `PROP_SNAPSHOT_CUTS` holds.
+pub(super) fn cuts_from_json(flow: &Flow, codec: &Codec, json: &str) -> Result<Vec<Cut>> {
+    let list: Vec<serde_json::Value> = serde_json::from_str(json).map_err(|e| Error::State {
+        code: codes::TRUNCATE_FLOOR,
+        message: format!("flow `{}`: {PROP_SNAPSHOT_CUTS} = {json}: {e}", flow.name),
+    })?;
+    list.iter()
+        .map(|v| {
+            let seq = floor_from_json(flow, codec, &v.to_string())?;
+            Ok(Cut { seq: seq.into() })
+        })
+        .collect()
 }
 
 pub(super) fn floor_from_json(flow: &Flow, codec: &Codec, json: &str) -> Result<Box<[u8]>> {
@@ -246,6 +272,13 @@ impl Engine {
             properties.insert(
                 PROP_TRUNCATED_BELOW.to_string(),
                 floor_to_json(&self.flow, &self.codec, f)?,
+            );
+        }
+        let cuts = self.state.cuts();
+        if !cuts.is_empty() {
+            properties.insert(
+                PROP_SNAPSHOT_CUTS.to_string(),
+                cuts_to_json(&self.flow, &self.codec, cuts)?,
             );
         }
         if let Some(v) = snapshot_version.or(self.snapshot_version) {

@@ -14,9 +14,9 @@ use iceberg::spec::{Schema, UnboundPartitionSpec};
 use super::Engine;
 use super::drift::{check_drift, ensure_properties, evolve_table, render_spec, repartition_table};
 use super::marker::{
-    PROP_FLOW, PROP_GENERATION, PROP_INPUT_OFFSET, PROP_SNAPSHOT_VERSION, PROP_STATE_COMPLETE,
-    PROP_STATE_SNAPSHOT, PROP_TRUNCATED_BELOW, floor_from_json, our_latest, our_latest_schema,
-    recorded_folding,
+    PROP_FLOW, PROP_GENERATION, PROP_INPUT_OFFSET, PROP_SNAPSHOT_CUTS, PROP_SNAPSHOT_VERSION,
+    PROP_STATE_COMPLETE, PROP_STATE_SNAPSHOT, PROP_TRUNCATED_BELOW, cuts_from_json,
+    floor_from_json, our_latest, our_latest_schema, recorded_folding,
 };
 use crate::core::flow::Flow;
 use crate::core::history::Folding;
@@ -78,6 +78,9 @@ impl Engine {
         if let Some(sid) = state_snapshot {
             let rows = read_state(&flow, catalog.as_ref(), &state_tbl, sid).await?;
             state_log_rows = state.load(&flow, &codec, &rows)?;
+        }
+        if let Some(json) = marker.as_ref().and_then(|m| m.get(PROP_SNAPSHOT_CUTS)) {
+            state.set_cuts(cuts_from_json(&flow, &codec, json)?);
         }
         let partitioner = Partitioner::new(
             target.metadata.default_partition_spec().clone(),

@@ -6,7 +6,7 @@ use arrow_array::RecordBatch;
 
 use super::commit::{Failure, Mode, Planned};
 use super::{CommitReport, Engine};
-use crate::core::history::Folding;
+use crate::core::history::{Cut, Folding};
 use crate::error::Result;
 use crate::table::flow_state::Plan;
 
@@ -38,6 +38,25 @@ impl Engine {
             "the tracked or null-ignoring columns changed: re-folding the history"
         );
         self.folded_with = now;
+        self.commit_from_state(plan, now_ms, Mode::Delta, clock)
+            .await
+    }
+
+    /// SCD Type 2 Debezium flows: cuts of completed snapshots the history
+    /// did not fold with yet (`core::history::Cut`). One commit folds every
+    /// key again with them: the open versions of keys a snapshot did not
+    /// read (rows an earlier, partial snapshot left) close at its cut. No
+    /// input is read and the offsets stay; the target records the cuts.
+    pub(super) async fn cut(&mut self, new: Vec<Cut>, now_ms: i64) -> Result<CommitReport> {
+        self.usable()?;
+        let clock = std::time::Instant::now();
+        let n = new.len();
+        let plan = self.state.add_cuts(&self.flow, new, self.state_complete)?;
+        tracing::info!(
+            flow = %self.flow.name,
+            cuts = n,
+            "a snapshot of the source completed: keys it did not read close at its position"
+        );
         self.commit_from_state(plan, now_ms, Mode::Delta, clock)
             .await
     }
