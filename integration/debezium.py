@@ -202,9 +202,10 @@ def stop_and_exit(ok, private):
     os._exit(0 if ok else 1)
 
 
-def config_toml(port, work, flows=None):
+def config_toml(port, work, flows=None, history=()):
     """One server, a Hadoop catalog in WORK, the two Debezium flows (or
-    `flows`, shaped as FLOWS: integration/debezium_kill.py has its own)."""
+    `flows`, shaped as FLOWS: integration/debezium_kill.py has its own);
+    the flows named in `history` keep SCD Type 2 history."""
     out = [
         "[server]",
         f'listen = "127.0.0.1:{port}"',
@@ -225,6 +226,8 @@ def config_toml(port, work, flows=None):
             f"keys = {json.dumps(keys)}",
             'commit_interval = "1s"',
         ]
+        if name in history:
+            out.append("stored_as_scd_type = 2")
         if name == "customers":
             out.append('schema_evolution = "add_columns"  # ALTER TABLE customers ADD COLUMN tier')
             # An update that leaves the TOASTed notes untouched sends Debezium's placeholder.
@@ -454,14 +457,14 @@ def rows_source(pg, table, columns):
     return rows
 
 
-def rows_iceberg(con, metadata, columns):
+def rows_iceberg(con, metadata, columns, where=""):
     """The same through DuckDB: epoch_us for timestamps, VARCHAR otherwise
     (DECIMAL(12,2) prints "12.50", UUID its lowercase text, DATE ISO)."""
     exprs = [
         f'epoch_us("{c}")' if k in ("ts", "tstz") else f'CAST("{c}" AS VARCHAR)'
         for c, k in columns
     ]
-    got = con.execute(f"SELECT {', '.join(exprs)} FROM iceberg_scan('{metadata}')").fetchall()
+    got = con.execute(f"SELECT {', '.join(exprs)} FROM iceberg_scan('{metadata}'){where}").fetchall()
     return [tuple(iso(v, k) if k in ("ts", "tstz") else v for v, (_, k) in zip(r, columns)) for r in got]
 
 
@@ -471,9 +474,10 @@ def short(v):
     return v
 
 
-def compare(pg, con, warehouse, flow, flows=None):
+def compare(pg, con, warehouse, flow, flows=None, current_only=False):
     """The problems found in one flow's table (empty: equal); `flows` as in
-    config_toml."""
+    config_toml. `current_only`: an SCD Type 2 table, whose open versions
+    (`__END_AT` null) must be the source table."""
     source, keys, declared = (flows or FLOWS)[flow]
     metadata = current_metadata(warehouse, flow)
     meta = json.load(open(metadata))
@@ -496,7 +500,7 @@ def compare(pg, con, warehouse, flow, flows=None):
     names = [c for c, _ in columns]
     key_idx = [names.index(k) for k in keys]
     want = {tuple(r[i] for i in key_idx): r for r in rows_source(pg, source, columns)}
-    got_rows = rows_iceberg(con, metadata, columns)
+    got_rows = rows_iceberg(con, metadata, columns, ' WHERE "__END_AT" IS NULL' if current_only else "")
     got = {}
     for r in got_rows:
         k = tuple(r[i] for i in key_idx)
