@@ -673,8 +673,11 @@ fn closed_ids(v: &BTreeSet<Vec<String>>) -> BTreeSet<String> {
 /// events in source order, and the table at the end.
 fn rerun_history(seed: u64) -> (Vec<Value>, BTreeMap<i32, Row>) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut value = |rng: &mut StdRng| -> Row {
-        (format!("v{}", rng.random_range(0..3)), rng.random_range(0..4))
+    let value = |rng: &mut StdRng| -> Row {
+        (
+            format!("v{}", rng.random_range(0..3)),
+            rng.random_range(0..4),
+        )
     };
     let n = rng.random_range(1..10);
     let mut table: BTreeMap<i32, Row> = (0..n).map(|id| (id, value(&mut rng))).collect();

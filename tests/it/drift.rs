@@ -335,7 +335,7 @@ fn changed_keys_and_sequence_types_are_refused_with_sparks_codes() {
 }
 
 /// The columns of a definition may be listed in another order between runs
-/// (so may a composite key's columns, see tests/it/spark_parity.rs): the state
+/// (so may a composite key's columns, see tests/it/spark_parity/): the state
 /// table is read and written by column name, so a history flow's stored
 /// values stay with their columns.
 #[test]
