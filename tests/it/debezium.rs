@@ -544,15 +544,20 @@ fn engine_batches(flow: &Flow, chunks: &[Vec<Value>]) -> Vec<arrow_array::Record
     })
 }
 
-/// Debezium stopped before its initial snapshot completed runs the whole
-/// snapshot again from a new position, and streams from there: rows the
-/// first, partial snapshot delivered and that were deleted meanwhile are in
-/// neither. When the second snapshot of the table completes, they go; rows
-/// streamed after it stay, whatever the order and batching of arrival, and
-/// a snapshot that never completes deletes nothing.
-#[test]
-fn a_snapshot_run_again_is_authoritative_when_it_completes() {
-    let flow = Flow::new(customers_cfg()).unwrap();
+/// A snapshot run again: the first (at 1,000) read ids 0..6 and stopped;
+/// meanwhile 1, 3 and 5 were deleted, 2 updated, 7 inserted; the second
+/// (at 2,000) reads the table as it is (`now`), its last read marked; then
+/// streamed: 3 comes back, 0 is deleted, 4 updated (`want`: the table at
+/// the end).
+struct Rerun {
+    first: Vec<Value>,
+    second: Vec<Value>,
+    stream: Vec<Value>,
+    now: BTreeMap<i32, Row>,
+    want: BTreeMap<i32, Row>,
+}
+
+fn rerun() -> Rerun {
     let row = |name: &str, cents: i64| (name.to_string(), cents);
     // The first snapshot (at 1,000) delivered ids 0..6 and stopped.
     let first: Vec<Value> = (0..6)
@@ -598,6 +603,32 @@ fn a_snapshot_run_again_is_authoritative_when_it_completes() {
     want.insert(3, row("back", 3));
     want.remove(&0);
     want.insert(4, row("streamed", 44));
+    Rerun {
+        first,
+        second,
+        stream,
+        now,
+        want,
+    }
+}
+
+/// Debezium stopped before its initial snapshot completed runs the whole
+/// snapshot again from a new position, and streams from there: rows the
+/// first, partial snapshot delivered and that were deleted meanwhile are in
+/// neither. When the second snapshot of the table completes, they go; rows
+/// streamed after it stay, whatever the order and batching of arrival, and
+/// a snapshot that never completes deletes nothing.
+#[test]
+fn a_snapshot_run_again_is_authoritative_when_it_completes() {
+    let flow = Flow::new(customers_cfg()).unwrap();
+    let Rerun {
+        first,
+        second,
+        stream,
+        now,
+        want,
+    } = rerun();
+    let row = |name: &str, cents: i64| (name.to_string(), cents);
 
     let in_order: Vec<Value> = [first.clone(), second.clone(), stream.clone()].concat();
     let mut rng = StdRng::seed_from_u64(47);
@@ -759,50 +790,13 @@ proptest! {
 #[test]
 fn a_snapshot_run_again_closes_the_versions_it_did_not_read_in_scd2() {
     let flow = scd2_customers();
-    let row = |name: &str, cents: i64| (name.to_string(), cents);
-    let first: Vec<Value> = (0..6)
-        .map(|id| {
-            pg_event(
-                "customers",
-                "r",
-                id,
-                Some(&row("first", id as i64)),
-                None,
-                1_000,
-            )
-        })
-        .collect();
-    // Meanwhile 1, 3 and 5 went, 2 changed, 7 came; the second snapshot
-    // (at 2,000) reads the table as it is, its last read marked.
-    let now: BTreeMap<i32, Row> = [
-        (0, row("first", 0)),
-        (2, row("updated", 22)),
-        (4, row("first", 4)),
-        (7, row("new", 77)),
-    ]
-    .into();
-    let mut second: Vec<Value> = now
-        .iter()
-        .map(|(id, r)| pg_event("customers", "r", *id, Some(r), None, 2_000))
-        .collect();
-    second.last_mut().unwrap()["payload"]["source"]["snapshot"] = json!("last_in_data_collection");
-    // Streamed after it: 3 comes back, 0 is deleted, 4 updated.
-    let stream = vec![
-        pg_event("customers", "c", 3, Some(&row("back", 3)), None, 2_100),
-        pg_event("customers", "d", 0, None, Some(2_101), 2_150),
-        pg_event(
-            "customers",
-            "u",
-            4,
-            Some(&row("streamed", 44)),
-            Some(2_151),
-            2_200,
-        ),
-    ];
-    let mut want = now.clone();
-    want.insert(3, row("back", 3));
-    want.remove(&0);
-    want.insert(4, row("streamed", 44));
+    let Rerun {
+        first,
+        second,
+        stream,
+        now: _,
+        want,
+    } = rerun();
 
     let in_order: Vec<Value> = [first.clone(), second.clone(), stream.clone()].concat();
     let reference = versions(&engine_batches(&flow, std::slice::from_ref(&in_order)));

@@ -366,9 +366,18 @@ pub(super) async fn ensure_properties(
     if updates.is_empty() {
         return Ok(t);
     }
+    set_properties(catalog, &t, updates).await
+}
+
+/// One commit setting `updates` on the table (whatever its snapshots).
+pub(super) async fn set_properties(
+    catalog: &dyn Catalog,
+    t: &TableState,
+    updates: HashMap<String, String>,
+) -> Result<TableState> {
     catalog
         .commit(
-            &t,
+            t,
             vec![iceberg::TableUpdate::SetProperties { updates }],
             vec![iceberg::TableRequirement::UuidMatch {
                 uuid: t.metadata.uuid(),

@@ -12,7 +12,9 @@ use iceberg::arrow::schema_to_arrow_schema;
 use iceberg::spec::{Schema, UnboundPartitionSpec};
 
 use super::Engine;
-use super::drift::{check_drift, ensure_properties, evolve_table, render_spec, repartition_table};
+use super::drift::{
+    check_drift, ensure_properties, evolve_table, render_spec, repartition_table, set_properties,
+};
 use super::marker::{
     PROP_FLOW, PROP_GENERATION, PROP_INPUT_OFFSET, PROP_SNAPSHOT_CUTS, PROP_SNAPSHOT_VERSION,
     PROP_STATE_COMPLETE, PROP_STATE_SNAPSHOT, PROP_TRUNCATED_BELOW, cuts_from_json,
@@ -311,16 +313,7 @@ async fn adopt_log(catalog: &dyn Catalog, mut t: TableState, log: &str) -> Resul
             return Ok(t);
         };
         let updates = HashMap::from([(offsets::PROP_ADOPTED_LOGS.to_string(), json)]);
-        match catalog
-            .commit(
-                &t,
-                vec![iceberg::TableUpdate::SetProperties { updates }],
-                vec![iceberg::TableRequirement::UuidMatch {
-                    uuid: t.metadata.uuid(),
-                }],
-            )
-            .await
-        {
+        match set_properties(catalog, &t, updates).await {
             Ok(done) => {
                 tracing::info!(table = %done.ident, log, "log adopted");
                 return Ok(done);
