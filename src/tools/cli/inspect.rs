@@ -258,5 +258,11 @@ pub(super) async fn refresh(config: &Path, full: bool, history: bool, flow: &str
         flow.state_ident(),
         if s { "existed" } else { "absent" }
     );
+    if matches!(config.ingest, crate::config::IngestConfig::Nats(_)) {
+        println!(
+            "the flow's NATS stream keeps what it holds: while it holds messages, `serve` does not open the flow on the new target until `autocdc log --flow {0} adopt` (apply them to it) or `reset` (drop them)",
+            flow.name
+        );
+    }
     Ok(())
 }
