@@ -230,6 +230,7 @@ impl Engine {
         let Some(is_cut) = resolve::mask(&self.flow, self.flow.cuts.as_ref(), batch)? else {
             return Ok(None);
         };
+        // A null is no cut.
         let is_cut = arrow_array::BooleanArray::from_iter(
             (0..is_cut.len()).map(|i| Some(is_cut.is_valid(i) && is_cut.value(i))),
         );

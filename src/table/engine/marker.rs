@@ -84,7 +84,7 @@ fn written_by(s: &iceberg::spec::Snapshot, flow: &str) -> bool {
 
 /// The truncate floor as a JSON object of the sequence columns, so it reads
 /// back whatever the row format's version.
-fn floor_to_json(flow: &Flow, codec: &Codec, floor: &[u8]) -> Result<String> {
+fn seq_to_json(flow: &Flow, codec: &Codec, floor: &[u8]) -> Result<String> {
     let cols = codec
         .seqs
         .convert_rows(std::iter::once(codec.seqs.parser().parse(floor)))?;
@@ -104,7 +104,7 @@ fn floor_to_json(flow: &Flow, codec: &Codec, floor: &[u8]) -> Result<String> {
 fn cuts_to_json(flow: &Flow, codec: &Codec, cuts: &[Cut]) -> Result<String> {
     let each = cuts
         .iter()
-        .map(|c| floor_to_json(flow, codec, &c.seq))
+        .map(|c| seq_to_json(flow, codec, &c.seq))
         .collect::<Result<Vec<_>>>()?;
     Ok(format!("[{}]", each.join(",")))
 }
@@ -117,13 +117,18 @@ pub(super) fn cuts_from_json(flow: &Flow, codec: &Codec, json: &str) -> Result<V
     })?;
     list.iter()
         .map(|v| {
-            let seq = floor_from_json(flow, codec, &v.to_string())?;
+            let seq = seq_from_json(flow, codec, PROP_SNAPSHOT_CUTS, &v.to_string())?;
             Ok(Cut { seq: seq.into() })
         })
         .collect()
 }
 
-pub(super) fn floor_from_json(flow: &Flow, codec: &Codec, json: &str) -> Result<Box<[u8]>> {
+pub(super) fn seq_from_json(
+    flow: &Flow,
+    codec: &Codec,
+    prop: &str,
+    json: &str,
+) -> Result<Box<[u8]>> {
     let fields: Vec<arrow_schema::Field> = flow
         .seq_idx
         .iter()
@@ -131,7 +136,7 @@ pub(super) fn floor_from_json(flow: &Flow, codec: &Codec, json: &str) -> Result<
         .collect();
     let bad = |m: String| Error::State {
         code: codes::TRUNCATE_FLOOR,
-        message: format!("flow `{}`: {PROP_TRUNCATED_BELOW} = {json}: {m}", flow.name),
+        message: format!("flow `{}`: {prop} = {json}: {m}", flow.name),
     };
     let batch = arrow_json::ReaderBuilder::new(Arc::new(arrow_schema::Schema::new(fields)))
         .build(std::io::Cursor::new(json.as_bytes()))
@@ -271,7 +276,7 @@ impl Engine {
         if let Some(f) = floor {
             properties.insert(
                 PROP_TRUNCATED_BELOW.to_string(),
-                floor_to_json(&self.flow, &self.codec, f)?,
+                seq_to_json(&self.flow, &self.codec, f)?,
             );
         }
         let cuts = self.state.cuts();

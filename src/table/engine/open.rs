@@ -17,8 +17,8 @@ use super::drift::{
 };
 use super::marker::{
     PROP_FLOW, PROP_GENERATION, PROP_INPUT_OFFSET, PROP_SNAPSHOT_CUTS, PROP_SNAPSHOT_VERSION,
-    PROP_STATE_COMPLETE, PROP_STATE_SNAPSHOT, PROP_TRUNCATED_BELOW, cuts_from_json,
-    floor_from_json, our_latest, our_latest_schema, recorded_folding,
+    PROP_STATE_COMPLETE, PROP_STATE_SNAPSHOT, PROP_TRUNCATED_BELOW, cuts_from_json, our_latest,
+    our_latest_schema, recorded_folding, seq_from_json,
 };
 use crate::core::flow::Flow;
 use crate::core::history::Folding;
@@ -98,7 +98,7 @@ impl Engine {
             .as_ref()
             .is_some_and(|p| p.source_ids.iter().all(|id| key_ids.contains(id)));
         let floor = match marker.as_ref().and_then(|m| m.get(PROP_TRUNCATED_BELOW)) {
-            Some(json) => Some(floor_from_json(&flow, &codec, json)?),
+            Some(json) => Some(seq_from_json(&flow, &codec, PROP_TRUNCATED_BELOW, json)?),
             None => None,
         };
         let snapshot_version = marker.as_ref().and_then(|m| num(m, PROP_SNAPSHOT_VERSION));
@@ -295,9 +295,6 @@ fn target_properties(flow: &Flow) -> HashMap<String, String> {
     props
 }
 
-/// Creates a table, or loads it when another writer created it first: two
-/// instances starting one flow on a new catalog (a shared log) race here,
-/// and the table the winner made is the one both use.
 /// Records `log` in the target's `autocdc.adopted-logs` (one commit, only
 /// when it is not there): from now on what the log holds is this target's,
 /// so records acknowledged before the first commit are replayed into it
@@ -332,6 +329,9 @@ async fn adopt_log(catalog: &dyn Catalog, mut t: TableState, log: &str) -> Resul
     )))
 }
 
+/// Creates a table, or loads it when another writer created it first: two
+/// instances starting one flow on a new catalog (a shared log) race here,
+/// and the table the winner made is the one both use.
 async fn create_or_load(
     catalog: &dyn Catalog,
     ident: &iceberg::TableIdent,
