@@ -8,7 +8,8 @@ For each combination, in a fresh data_dir and a unique table location:
   Idempotency-Key headers over 4 server sessions (3 restarts: SIGTERM, exit 0,
   start again); the table must equal the SQL oracle of the feed (latest change
   per key by sequence, deletes removed);
-- an SCD type 1 battery, one `?wait=commit` request per session: an update, a
+- an SCD type 1 battery, one `?wait=commit` request per session to each of
+  two flows writing one table (the changes split between them): an update, a
   delete, a late older upsert after a delete (stays deleted), a newer upsert
   after a delete (comes back), exact duplicates; the table must hold exactly
   the expected rows.
@@ -62,8 +63,12 @@ def evolve_gk(flow):
     return out
 GK_REQUESTS = 12
 
+# Two flows into the battery's table (one per source shard): each change
+# goes to one of them; they share the table's state, so the table is the
+# same as one flow would make.
+BATTERY_FLOWS = ("scd1", "scd1_b")
 BATTERY_FLOW = """[[flow]]
-name = "scd1"
+name = "{name}"
 target = "{target}"
 keys = ["id"]
 sequence_by = "seq"
@@ -492,7 +497,8 @@ def run_combination(combo, binary, root, gk, gk_lines, oracle, report):
         with open(config, "w") as f:
             f.write(
                 f'[server]\nlisten = "127.0.0.1:{port}"\ndata_dir = {toml_str(data)}\n\n{ingest}'
-                f"{catalog.config_toml()}\n{gk_flow}\n{BATTERY_FLOW.format(target=namespace + '.customers')}"
+                f"{catalog.config_toml()}\n{gk_flow}\n"
+                + "\n".join(BATTERY_FLOW.format(name=n, target=namespace + ".customers") for n in BATTERY_FLOWS)
             )
 
     write_config(gk_flow)
@@ -531,10 +537,13 @@ def run_combination(combo, binary, root, gk, gk_lines, oracle, report):
             for n in range(session * per_session, min((session + 1) * per_session, len(requests))):
                 answer = push_ndjson(server, "ghost_kitchen", requests[n], key=f"{run_id}-gk-{n}")
                 acked[n] = answer["offset"]
-            step = [json.dumps(c) for c in BATTERY_STEPS[session]]
-            push_ndjson(server, "scd1", step, key=f"{run_id}-scd1-{session}" if session < 3 else None, wait=True)
+            # The session's battery step split between the two flows
+            # (the even changes to one, the odd to the other), in turn.
+            for i, name in enumerate(BATTERY_FLOWS):
+                step = [json.dumps(c) for c in BATTERY_STEPS[session][i::2]]
+                push_ndjson(server, name, step, key=f"{run_id}-{name}-{session}" if session < 3 else None, wait=True)
             # Maintenance between the restarts: expiry down to 2 snapshots per table.
-            for flow in ("ghost_kitchen", "scd1"):
+            for flow in ("ghost_kitchen",) + BATTERY_FLOWS:
                 server.request("POST", f"/v1/flows/{flow}/commit")
                 r = server.request("POST", f"/v1/flows/{flow}/maintain")
                 maintained["runs"] += 1

@@ -579,8 +579,9 @@ impl Config {
                 ));
             }
             let flow = Flow::new(f.clone())?;
+            // Flows sharing a target must agree on what its state means.
             if let Some(other) = out.iter().find(|o: &&Flow| o.target == flow.target) {
-                return Err(two_flows(&other.name, &flow));
+                crate::core::flow::check_shared(other, &flow)?;
             }
             out.push(flow);
         }
@@ -600,28 +601,15 @@ impl Config {
             )));
         };
         let flow = Flow::new(f.clone())?;
-        // Each flow of a file is applied on its own: refuse the file whose
-        // flows share a target before either writes it.
-        let shared = self.flows.iter().find(|o| {
-            o.name != name
-                && crate::core::flow::parse_table_ident(&o.name, &o.target)
-                    .is_ok_and(|t| t == flow.target)
-        });
-        if let Some(other) = shared {
-            return Err(two_flows(&other.name, &flow));
+        // Flows of a file sharing a target must agree on what its state
+        // means: checked before either writes it.
+        for o in self.flows.iter().filter(|o| o.name != name) {
+            if crate::core::flow::parse_table_ident(&o.name, &o.target)
+                .is_ok_and(|t| t == flow.target)
+            {
+                crate::core::flow::check_shared(&Flow::new(o.clone())?, &flow)?;
+            }
         }
         Ok(flow)
     }
-}
-
-/// Two flows of one configuration name one target.
-fn two_flows(first: &str, second: &Flow) -> Error {
-    Error::definition(
-        &second.name,
-        codes::TARGET_IN_USE,
-        format!(
-            "{} is also the target of flow `{first}`; two flows writing one table undo each other's changes: give each flow its own target",
-            second.target
-        ),
-    )
 }

@@ -13,7 +13,7 @@ use super::runtime::{COMMIT_BUCKETS, Committed, FlowRuntime, Inner, Pending, Rec
 use super::status::FlowStatus;
 use crate::core::flow::{Flow, FlowConfig};
 use crate::core::offsets::LogRef;
-use crate::error::{Error, Result, codes};
+use crate::error::{Result, codes};
 use crate::table::engine::Engine;
 
 impl Service {
@@ -51,19 +51,13 @@ impl Service {
     /// memory, and the running flow keeps running.
     pub async fn put_flow(self: &Arc<Self>, cfg: FlowConfig) -> Result<Arc<FlowRuntime>> {
         let flow = self.with_target_columns(Flow::new(cfg.clone())?).await?;
+        // Flows sharing a target must agree on what its state means.
         if let Some(other) = self
             .flows()
             .into_iter()
             .find(|rt| rt.flow.name != flow.name && rt.flow.target == flow.target)
         {
-            return Err(Error::Definition {
-                code: codes::TARGET_IN_USE,
-                flow: flow.name.clone(),
-                message: format!(
-                    "{} is the target of flow `{}`; two flows writing one table would undo each other's changes",
-                    cfg.target, other.flow.name
-                ),
-            });
+            crate::core::flow::check_shared(&other.flow, &flow)?;
         }
         // The existing target refuses a drifted definition here, before the
         // running flow is touched (without reading the state a second time).

@@ -24,10 +24,7 @@ use autocdc::table::catalog::sql::SqlCatalog;
 use autocdc::table::catalog::{Catalog, TableState};
 use autocdc::table::engine::PROP_FLOW;
 use autocdc::table::read::scan;
-use autocdc::table::row_delta::{RowDelta, produce};
-use autocdc::table::write::{FileNamer, single_data_file};
 use common::*;
-use iceberg::arrow::schema_to_arrow_schema;
 use iceberg::spec::{Schema, UnboundPartitionSpec};
 use iceberg::{TableIdent, TableRequirement, TableUpdate};
 
@@ -108,41 +105,6 @@ impl Catalog for Unruly {
     async fn drop_table(&self, ident: &TableIdent) -> Result<bool> {
         self.inner.drop_table(ident).await
     }
-}
-
-/// A foreign snapshot: `rows` appended, or (with `replace`) the table's
-/// whole content rewritten into them.
-async fn foreign_commit(cat: &dyn Catalog, ident: &TableIdent, rows: &RecordBatch, replace: bool) {
-    let t = cat.load_table(ident).await.unwrap().unwrap();
-    let schema = t.metadata.current_schema().clone();
-    let arrow = Arc::new(schema_to_arrow_schema(&schema).unwrap());
-    let rows = RecordBatch::try_new(arrow, rows.columns().to_vec()).unwrap();
-    let mut namer = FileNamer::new(t.location());
-    let file = single_data_file(
-        cat.file_io(),
-        &mut namer,
-        schema,
-        t.metadata.default_partition_spec_id(),
-        &rows,
-    )
-    .await
-    .unwrap();
-    let p = produce(
-        cat.file_io(),
-        &t,
-        RowDelta {
-            data: file.into_iter().collect(),
-            deletes: Vec::new(),
-            base_snapshot: t.metadata.current_snapshot_id(),
-            replace,
-            properties: HashMap::from([("engine".to_string(), "maintenance".to_string())]),
-            now_ms: 1,
-            rewrite: None,
-        },
-    )
-    .await
-    .unwrap();
-    cat.commit(&t, p.updates, p.requirements).await.unwrap();
 }
 
 /// A compaction: every live row, deletes applied, rewritten into one new file.
@@ -398,7 +360,7 @@ fn a_commit_under_an_older_lease_epoch_is_refused_and_changes_nothing() {
         assert_eq!(after.target().metadata.snapshots().count(), snapshots);
         assert_eq!(table_rows(&after).await, rows);
         assert_eq!(
-            autocdc::table::engine::Engine::lease_of(&after.target().metadata),
+            autocdc::table::engine::Engine::lease_of(&after.target().metadata, &flow.name),
             Some((9, "b".to_string()))
         );
         // The same epoch (the holder itself) and a newer one go on.

@@ -339,9 +339,10 @@ fn a_very_long_flow_name_is_a_400() {
 
 /// A refused `PUT` changes nothing: a drifted definition (new keys on an
 /// existing target) gets 409 while the running flow goes on, and a restart
-/// still starts every flow; another flow's target is not to be taken.
+/// still starts every flow; a flow that cannot share another's target is
+/// refused.
 #[test]
-fn a_refused_definition_changes_nothing_and_targets_are_not_shared() {
+fn a_refused_definition_changes_nothing_and_unshareable_targets_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
     rt().block_on(async {
         let r = start(config(tmp.path(), vec![])).await;
@@ -391,9 +392,10 @@ fn a_refused_definition_changes_nothing_and_targets_are_not_shared() {
         )
         .await;
         assert_eq!(s, 200, "{v}");
-        // Another flow may not write c's table.
+        // A flow that cannot share c's table (other keys) may not write it.
         let mut other = serde_json::to_value(flow_cfg("lim", "1h")).unwrap();
         other["target"] = json!("crm.c");
+        other["keys"] = json!(["id", "city"]);
         let (s, v) = put("lim", other).await;
         assert_eq!(
             (s, v["error"]["code"].as_str()),
@@ -992,7 +994,8 @@ fn unappliable_records_go_to_the_dead_letter_area_and_the_flow_goes_on() {
 
 /// A token limited to flow `lim` and namespace `sandbox` cannot point `lim`
 /// at another namespace's table, nor, whatever its namespaces, at a table
-/// another flow writes (the escalation: deleting that table's rows).
+/// a flow it may not use writes (the escalation: deleting that table's
+/// rows through a flow sharing it).
 #[test]
 fn a_token_cannot_point_its_flow_at_another_table() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1008,6 +1011,11 @@ fn a_token_cannot_point_its_flow_at_another_table() {
                 token: "lim".into(),
                 flows: vec!["lim".into()],
                 namespaces: vec!["sandbox".into()],
+            },
+            autocdc::config::TokenConfig {
+                token: "shards".into(),
+                flows: vec!["lim".into()],
+                namespaces: vec![],
             },
         ];
         let r = start(cfg).await;
@@ -1030,14 +1038,22 @@ fn a_token_cannot_point_its_flow_at_another_table() {
             (403, Some("AUTOCDC_FORBIDDEN")),
             "{v}"
         );
-        let (s, v) = put("admin", "crm.orders").await;
+        // Limited to its flows, in any namespace: it may not join the
+        // target of a flow it may not use (it would write that flow's rows).
+        let (s, v) = put("shards", "crm.orders").await;
         assert_eq!(
             (s, v["error"]["code"].as_str()),
-            (400, Some("AUTOCDC_TARGET_IN_USE")),
+            (403, Some("AUTOCDC_FORBIDDEN")),
             "{v}"
         );
-        let (s, v) = put("lim", "sandbox.orders").await;
+        assert!(v.to_string().contains("flow `orders`"), "{v}");
+        assert!(!tmp.path().join("data/flows/lim/flow.json").exists());
+        // A token for every flow may add a flow that shares it.
+        let (s, v) = put("admin", "crm.orders").await;
         assert_eq!(s, 201, "{v}");
+        // `lim` may move its own flow to its namespace.
+        let (s, v) = put("lim", "sandbox.orders").await;
+        assert_eq!(s, 200, "{v}");
         r.stop().await.unwrap();
     });
 }

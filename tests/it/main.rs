@@ -27,6 +27,7 @@ mod rest_catalog;
 mod s3;
 mod scd;
 mod serve;
+mod shared_target;
 mod spark_parity;
 mod sql_catalog;
 mod truncate;

@@ -407,30 +407,37 @@ fn random_history_batchings(shape: Shape, cases: u32) {
 fn ignore_null_updates_replaces_rows_it_did_not_write() {
     let rt = rt();
     let tmp = tempfile::tempdir().unwrap();
-    let plain = people(
-        Shape {
-            ignore_nulls: false,
-            ..IGNORE_NULLS_SCD1
-        },
-        "crm.shared",
-    );
-    let mut cfg: autocdc::core::flow::FlowConfig =
-        toml::from_str(&people_toml(IGNORE_NULLS_SCD1, "crm.shared")).unwrap();
-    cfg.name = "partial_writer".into();
-    let partial = Flow::new(cfg).unwrap();
+    let partial = people(IGNORE_NULLS_SCD1, "crm.shared");
     rt.block_on(async {
         let cat = catalog(tmp.path());
-        let mut other = open_engine(&cat, &plain).await;
-        other
-            .apply(
-                &people_batch(&plain, &[up(1, "Leeds", "vip", 1), up(2, "York", "new", 1)]),
-                1,
+        // The target made, then filled by another tool (a snapshot without
+        // autocdc's marker), its state table gone.
+        drop(open_engine(&cat, &partial).await);
+        assert!(cat.drop_table(&partial.state_ident()).await.unwrap());
+        let rows_of = |evs: &[PEv]| {
+            let b = people_batch(&partial, evs);
+            let cols = ["id", "city", "note", "seq"]
+                .iter()
+                .map(|n| b.column_by_name(n).unwrap().clone())
+                .collect::<Vec<_>>();
+            arrow_array::RecordBatch::try_new(
+                std::sync::Arc::new(arrow_schema::Schema::new(
+                    ["id", "city", "note", "seq"]
+                        .iter()
+                        .map(|n| b.schema().field_with_name(n).unwrap().clone())
+                        .collect::<Vec<_>>(),
+                )),
+                cols,
             )
-            .await
-            .unwrap();
-        // As if another tool had written those rows: no autocdc state for them.
-        drop(other);
-        assert!(cat.drop_table(&plain.state_ident()).await.unwrap());
+            .unwrap()
+        };
+        foreign_commit(
+            cat.as_ref(),
+            &partial.target,
+            &rows_of(&[up(1, "Leeds", "vip", 1), up(2, "York", "new", 1)]),
+            false,
+        )
+        .await;
         let mut e = open_engine(&cat, &partial).await;
         let r = e
             .apply(

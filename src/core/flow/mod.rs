@@ -6,7 +6,8 @@
 //! the checks that need no column), `columns` (declaration and types),
 //! `roles` (keys, sequence, tracked and null-ignoring columns), `target`
 //! (the selected columns, the target schema and partition spec) and
-//! `policy` (commit, maintenance and compaction settings). Their public
+//! `policy` (commit, maintenance and compaction settings); `share` says
+//! when two flows may write one target. Their public
 //! items are re-exported here: every path is `core::flow::X`.
 
 use std::time::Duration;
@@ -24,6 +25,7 @@ mod columns;
 mod config;
 mod policy;
 mod roles;
+mod share;
 mod target;
 #[cfg(test)]
 mod tests;
@@ -39,6 +41,7 @@ pub use policy::{
     CommitPolicy, CompactionPolicy, DEFAULT_MAX_KEY_BYTES, MAX_KEY_BYTES_LIMIT, MIN_LOG_BYTES,
     MaintenancePolicy, parse_duration,
 };
+pub use share::check_shared;
 pub use target::parse_partition_field;
 
 use columns::{declared_columns, source_schema};

@@ -189,8 +189,7 @@ pub(super) async fn put_flow(
             format!("the body names flow `{}` but the path `{flow}`", cfg.name),
         )));
     }
-    // A token with `namespaces` may only point flows at tables there (a
-    // target that another flow writes is refused whatever the token).
+    // A token with `namespaces` may only point flows at tables there.
     if let Some(t) = token
         && !t.namespaces.is_empty()
     {
@@ -202,6 +201,23 @@ pub(super) async fn put_flow(
                 cfg.target
             )));
         }
+    }
+    // A token limited to some flows may not join a target that a flow it
+    // may not use writes (flows sharing a target write each other's rows).
+    if let Some(t) = token
+        && !t.flows.is_empty()
+        && let Ok(target) = crate::core::flow::parse_table_ident(&cfg.name, &cfg.target)
+        && let Some(other) = service
+            .flows()
+            .into_iter()
+            .find(|rt| rt.flow.target == target && !t.flows.contains(&rt.flow.name))
+    {
+        return Err(ApiError::Forbidden(format!(
+            "`{}` is the target of flow `{}`, which this token may not use; a token limited to flows {} may only share a target with those flows",
+            cfg.target,
+            other.flow.name,
+            t.flows.join(", ")
+        )));
     }
     let existed = service.flow(&flow).is_ok();
     let rt = service.put_flow(cfg).await?;

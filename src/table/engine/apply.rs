@@ -145,7 +145,13 @@ impl Engine {
                 .iter()
                 .find(|id| fresh.target.metadata.snapshot_by_id(**id).is_some())
                 .copied();
-            let already = fresh.input_offset >= input_offset && input_offset > self.input_offset;
+            // Without an ingest log the offset is a count of applies shared
+            // by the flows writing the target: only this flow's own count
+            // says the batch is in.
+            let same_count = self.log.is_some() || fresh.last_writer() == Some(&self.flow.name);
+            let already = same_count
+                && fresh.input_offset >= input_offset
+                && input_offset > self.input_offset;
             *self = fresh;
             let done = landed.or(if already {
                 self.target.metadata.current_snapshot_id()

@@ -1,6 +1,6 @@
 //! An existing target (and its state table) against the flow's definition:
-//! what is refused (another flow's table, changed keys, a change `evolve`
-//! refuses), and the schema, partition spec and table properties the
+//! what is refused (a flow that cannot share another's table, changed keys,
+//! a change `evolve` refuses), and the schema, partition spec and table properties the
 //! tables move to, each one metadata commit.
 
 use std::collections::HashMap;
@@ -12,12 +12,15 @@ use iceberg::spec::{
 };
 
 use super::Engine;
-use super::marker::{PROP_FLOW, PROP_TRACK_HISTORY, follow, our_latest, our_latest_schema};
+use super::marker::{
+    PROP_FLOW, PROP_SNAPSHOT_CUTS, PROP_SNAPSHOT_VERSION, PROP_TRACK_HISTORY, follow, our_latest,
+    our_latest_schema, recorded_folding,
+};
 use crate::core::evolve::{self, Evolution, Refusal, Rules};
 use crate::core::flow::{END_AT, Flow, START_AT};
+use crate::core::history::Folding;
 use crate::error::{Error, Result, codes};
 use crate::table::catalog::{Catalog, TableState};
-use crate::table::maintain::ancestors;
 use crate::table::state_table;
 
 /// The schema changes a definition makes to an existing target and its state table.
@@ -37,7 +40,7 @@ pub(super) fn check_drift(
     target: &TableState,
     state: Option<&TableState>,
 ) -> Result<Evolutions> {
-    check_owner(flow, target, state)?;
+    check_shared(flow, target, state)?;
     let mut evolutions = Evolutions::default();
     if let Some(s) = state {
         state_table::check(flow, s.metadata.current_schema())?;
@@ -54,43 +57,98 @@ pub(super) fn check_drift(
     Ok(evolutions)
 }
 
-/// One flow writes a target: the flow that made its state table (that
-/// table's `autocdc.flow` property, else the flow of the target's latest
-/// autocdc snapshot) must be this one. Two flows on one table would each
-/// resolve against their own view of the state and undo each other's rows.
-/// A target without a state table is adopted (its rows are another writer's).
-fn check_owner(flow: &Flow, target: &TableState, state: Option<&TableState>) -> Result<()> {
+/// Flows sharing a target (Spark allows several AUTO CDC flows into one
+/// table) share its state: each resolves against the state the last
+/// commit of any of them left, and a commit that lost the race to
+/// another's reloads it and resolves again. So another flow's target is
+/// this flow's too when what the state means is the same for both: the
+/// keys and the sequence (the state's own columns), the kind of state,
+/// and, for history flows, the columns whose values every event keeps and
+/// how they fold. The columns may differ (SCD Type 1): the target has the
+/// union, and a flow's rows leave the columns it does not select null.
+/// What two definitions would each set on the table in turn (partitioning,
+/// table properties) must agree too. `from_snapshot` and SCD Type 2
+/// Debezium flows (their snapshots close the versions of keys they did
+/// not read) write a target alone.
+fn check_shared(flow: &Flow, target: &TableState, state: Option<&TableState>) -> Result<()> {
     let Some(state) = state else {
         return Ok(());
     };
-    let owner = match state.metadata.properties().get(PROP_FLOW) {
-        Some(o) => Some((
-            o.clone(),
-            format!("the {PROP_FLOW} property of {}", state.ident),
-        )),
-        None => ancestors(&target.metadata, target.metadata.current_snapshot_id())
-            .take(MAX_OWNER_WALK)
-            .find_map(|s| s.summary().additional_properties.get(PROP_FLOW).cloned())
-            .map(|o| (o, "its latest autocdc snapshot".to_string())),
+    let (marker, _) = our_latest(&target.metadata);
+    let other = marker
+        .as_ref()
+        .and_then(|m| m.get(PROP_FLOW))
+        .or_else(|| state.metadata.properties().get(PROP_FLOW));
+    let Some(other) = other.filter(|o| **o != flow.name) else {
+        return Ok(());
     };
-    match owner {
-        Some((owner, why)) if owner != flow.name => Err(Error::Definition {
+    let refuse = |why: String| -> Result<()> {
+        Err(Error::Definition {
             code: codes::TARGET_IN_USE,
             flow: flow.name.clone(),
             message: format!(
-                "{} is written by flow `{owner}` ({why}); two flows writing one table undo each other's changes. Name this flow `{owner}`, give it a target of its own, or drop {} and {} to start over",
+                "{} is also written by flow `{other}`, and flows sharing a target share its state: {why}. Make the two definitions agree, give this flow a target of its own, or drop {} and {} to start over",
                 flow.target,
                 flow.target,
                 flow.state_ident()
             ),
-        }),
-        _ => Ok(()),
+        })
+    };
+    let recorded = |p: &str| marker.as_ref().is_some_and(|m| m.contains_key(p));
+    if flow.from_snapshot || recorded(PROP_SNAPSHOT_VERSION) {
+        return refuse("a from_snapshot flow writes its target alone (each snapshot is compared with the whole target)".into());
     }
+    if flow.cuts.is_some() || recorded(PROP_SNAPSHOT_CUTS) {
+        return refuse("an SCD Type 2 Debezium flow writes its target alone (a snapshot of its source closes the versions of every key it did not read)".into());
+    }
+    // The keys and the sequence keep Spark's codes (a second pipeline
+    // with other keys is KEY_SCHEMA_DRIFT there too), said of both flows.
+    state_table::check(flow, state.metadata.current_schema())
+        .and_then(|()| check_keys(flow, &target.metadata))
+        .map_err(|e| Error::State {
+            code: e.code(),
+            message: format!(
+                "{} is also written by flow `{other}`, and flows sharing a target share its state, so they must have the same keys and sequence: {e}",
+                flow.target
+            ),
+        })?;
+    if flow.keeps_history() {
+        if !matches!(state_table::evolution(flow, &state.metadata), Ok(None)) {
+            return refuse("history flows (SCD Type 2, ignore_null_updates) must select the same columns, of the same types (the state keeps every change's values)".into());
+        }
+        if let Some(m) = &marker {
+            let now = target.metadata.current_schema();
+            let folded = recorded_folding(flow, m, our_latest_schema(&target.metadata), now)?;
+            if folded != Folding::of(flow) {
+                return refuse("history flows must track the same columns (track_history_column_list) and keep the same columns on nulls (ignore_null_updates_column_list)".into());
+            }
+        }
+    }
+    if repartition(flow, &target.metadata, target.metadata.current_schema())?.is_some() {
+        return refuse(format!(
+            "they must declare the same partition_by (the target is partitioned by {})",
+            render_spec(
+                target.metadata.default_partition_spec(),
+                target.metadata.current_schema()
+            )
+        ));
+    }
+    let props = target.metadata.properties();
+    if let Some((k, v)) = flow
+        .config
+        .table_properties
+        .iter()
+        .find(|(k, v)| props.get(*k) != Some(*v))
+    {
+        return refuse(format!(
+            "they must set the same table_properties (`{k}` is {} on the target, `{v}` in this definition)",
+            props
+                .get(k)
+                .map_or("unset".to_string(), |c| format!("`{c}`"))
+        ));
+    }
+    Ok(())
 }
-
-/// How far back `check_owner` looks for the latest autocdc snapshot (other
-/// writers' snapshots can follow it; a long run of them is not autocdc's table).
-const MAX_OWNER_WALK: usize = 1000;
 
 /// The target's keys (its identifier fields) against the definition's.
 fn check_keys(flow: &Flow, meta: &TableMetadata) -> Result<()> {
@@ -172,11 +230,11 @@ fn target_evolution(flow: &Flow, meta: &TableMetadata) -> Result<Option<Evolutio
     let (Some(e), true) = (&evo, flow.scd2) else {
         return Ok(evo);
     };
-    let (Some(marker), _) = our_latest(meta, &flow.name) else {
+    let (Some(marker), _) = our_latest(meta) else {
         return Ok(evo);
     };
     let now = meta.current_schema();
-    let was = our_latest_schema(meta, &flow.name);
+    let was = our_latest_schema(meta);
     // Without the property (earlier versions) every value column was tracked.
     let tracked: Option<Vec<String>> = marker.get(PROP_TRACK_HISTORY).map(|json| {
         serde_json::from_str::<Vec<String>>(json)

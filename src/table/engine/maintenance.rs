@@ -93,7 +93,7 @@ impl Engine {
         }
         let policy = self.flow.maintenance;
         let meta = self.target.metadata.clone();
-        let protect = our_latest_id(&meta, &self.flow.name).into_iter().collect();
+        let protect = our_latest_id(&meta).into_iter().collect();
         let ids = maintain::expirable(&meta, opts.now_ms, Retention::of(&meta, &policy), &protect);
         if let Some(t) = maintain::expire(
             catalog.as_ref(),
@@ -373,9 +373,7 @@ impl Engine {
             )
             .len()
         };
-        count(
-            &self.target,
-            our_latest_id(&self.target.metadata, &self.flow.name),
-        ) + count(&self.state_tbl, self.state_snapshot)
+        count(&self.target, our_latest_id(&self.target.metadata))
+            + count(&self.state_tbl, self.state_snapshot)
     }
 }

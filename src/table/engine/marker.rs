@@ -1,7 +1,7 @@
 //! The marker each target snapshot of a flow carries in its summary (the
 //! `autocdc.*` properties): what a commit records (`Engine::marker`), and
-//! reading it back: the flow's latest snapshot and whether another writer
-//! came after it, the truncate floor, how a history flow's rows were folded,
+//! reading it back: the latest snapshot autocdc wrote (by this flow or
+//! another flow sharing the target) and whether another writer came after it, the truncate floor, how a history flow's rows were folded,
 //! and the lease under which the snapshot was made (fencing).
 
 use std::collections::HashMap;
@@ -45,15 +45,14 @@ pub const PROP_IGNORE_NULLS: &str = "autocdc.ignore-null-columns";
 pub const PROP_COMMITTER: &str = "autocdc.committer";
 pub const PROP_LEASE_EPOCH: &str = "autocdc.lease-epoch";
 
-/// The latest snapshot of the target written by this flow, walking back from
-/// the current one; and whether any snapshot after it came from elsewhere.
-pub(super) fn our_latest(
-    meta: &TableMetadata,
-    flow: &str,
-) -> (Option<HashMap<String, String>>, bool) {
+/// The latest snapshot of the target written by autocdc (by this flow or
+/// another flow sharing the target: they share its state), walking back
+/// from the current one; and whether any snapshot after it came from
+/// elsewhere.
+pub(super) fn our_latest(meta: &TableMetadata) -> (Option<HashMap<String, String>>, bool) {
     let mut foreign = false;
     for s in ancestors(meta, meta.current_snapshot_id()) {
-        if written_by(s, flow) {
+        if by_autocdc(s) {
             return (Some(s.summary().additional_properties.clone()), foreign);
         }
         foreign = true;
@@ -61,25 +60,29 @@ pub(super) fn our_latest(
     (None, foreign)
 }
 
-/// The id of the latest snapshot of the target this flow wrote.
-pub(super) fn our_latest_id(meta: &TableMetadata, flow: &str) -> Option<i64> {
+/// The id of the latest snapshot of the target autocdc wrote.
+pub(super) fn our_latest_id(meta: &TableMetadata) -> Option<i64> {
     ancestors(meta, meta.current_snapshot_id())
-        .find(|s| written_by(s, flow))
+        .find(|s| by_autocdc(s))
         .map(|s| s.snapshot_id())
 }
 
-/// The schema of the latest snapshot of the target this flow wrote.
-pub(super) fn our_latest_schema<'m>(meta: &'m TableMetadata, flow: &str) -> Option<&'m Schema> {
-    let s = meta.snapshot_by_id(our_latest_id(meta, flow)?)?;
+/// The schema of the latest snapshot of the target autocdc wrote.
+pub(super) fn our_latest_schema(meta: &TableMetadata) -> Option<&Schema> {
+    let s = meta.snapshot_by_id(our_latest_id(meta)?)?;
     meta.schema_by_id(s.schema_id()?).map(|s| s.as_ref())
 }
 
-fn written_by(s: &iceberg::spec::Snapshot, flow: &str) -> bool {
+/// The flow that wrote `s`, if autocdc did.
+pub(super) fn writer(s: &iceberg::spec::Snapshot) -> Option<&str> {
     s.summary()
         .additional_properties
         .get(PROP_FLOW)
         .map(String::as_str)
-        == Some(flow)
+}
+
+fn by_autocdc(s: &iceberg::spec::Snapshot) -> bool {
+    writer(s).is_some()
 }
 
 /// The truncate floor as a JSON object of the sequence columns, so it reads
@@ -316,11 +319,21 @@ impl Engine {
         self.lease = Some((instance.to_string(), epoch));
     }
 
-    /// `AUTOCDC_LEASE_LOST` when the target has a snapshot of a newer lease
-    /// epoch than this engine's: another instance took the flow over.
+    /// The flow that wrote the target's latest autocdc snapshot.
+    pub(super) fn last_writer(&self) -> Option<&String> {
+        ancestors(
+            &self.target.metadata,
+            self.target.metadata.current_snapshot_id(),
+        )
+        .find_map(|s| s.summary().additional_properties.get(PROP_FLOW))
+    }
+
+    /// `AUTOCDC_LEASE_LOST` when the target has a snapshot of this flow
+    /// under a newer lease epoch than this engine's: another instance took
+    /// the flow over. (Each flow sharing a target has its own lease.)
     pub(super) fn fenced(&self) -> Result<()> {
         if let Some((_, ours)) = &self.lease
-            && let Some((theirs, who)) = Engine::lease_of(&self.target.metadata)
+            && let Some((theirs, who)) = Engine::lease_of(&self.target.metadata, &self.flow.name)
             && theirs > *ours
         {
             return Err(Error::State {
@@ -334,10 +347,13 @@ impl Engine {
         Ok(())
     }
 
-    /// The lease epoch of the target's latest snapshot that records one
+    /// The lease epoch of the latest snapshot of `flow` that records one
     /// (maintenance snapshots do not), and who held it.
-    pub fn lease_of(metadata: &TableMetadata) -> Option<(u64, String)> {
+    pub fn lease_of(metadata: &TableMetadata, flow: &str) -> Option<(u64, String)> {
         ancestors(metadata, metadata.current_snapshot_id()).find_map(|s| {
+            if writer(s) != Some(flow) {
+                return None;
+            }
             let props = &s.summary().additional_properties;
             let e = props.get(PROP_LEASE_EPOCH)?.parse().ok()?;
             Some((e, props.get(PROP_COMMITTER).cloned().unwrap_or_default()))

@@ -55,7 +55,7 @@ impl Engine {
         let mut evolved = Vec::new();
         let (mut target, state_tbl) =
             open_tables(&flow, catalog.as_ref(), &faults, &mut evolved).await?;
-        let (marker, foreign) = our_latest(&target.metadata, &flow.name);
+        let (marker, foreign) = our_latest(&target.metadata);
         let num =
             |m: &HashMap<String, String>, k: &str| m.get(k).and_then(|v| v.parse::<i64>().ok());
         let state_snapshot = marker.as_ref().and_then(|m| num(m, PROP_STATE_SNAPSHOT));
@@ -106,7 +106,7 @@ impl Engine {
             (Some(m), Some(_)) if flow.keeps_history() => recorded_folding(
                 &flow,
                 m,
-                our_latest_schema(&target.metadata, &flow.name),
+                our_latest_schema(&target.metadata),
                 target.metadata.current_schema(),
             )?,
             _ => Folding::of(&flow),
@@ -171,7 +171,7 @@ impl Engine {
         let Some(t) = catalog.load_table(&flow.target).await? else {
             return Ok(Vec::new());
         };
-        let (marker, _) = our_latest(&t.metadata, &flow.name);
+        let (marker, _) = our_latest(&t.metadata);
         let offsets = offsets::parse(marker.as_ref().and_then(|m| m.get(PROP_INPUT_OFFSETS)))?;
         let mut logs: Vec<String> = offsets.into_keys().collect();
         logs.extend(offsets::adopted(
@@ -191,7 +191,7 @@ impl Engine {
         let Some(t) = catalog.load_table(&flow.target).await? else {
             return Ok((0, None));
         };
-        let (marker, _) = our_latest(&t.metadata, &flow.name);
+        let (marker, _) = our_latest(&t.metadata);
         let offsets = offsets::parse(marker.as_ref().and_then(|m| m.get(PROP_INPUT_OFFSETS)))?;
         let single = marker
             .as_ref()

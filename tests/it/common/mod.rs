@@ -568,3 +568,49 @@ where
         })
         .unwrap();
 }
+
+/// A foreign snapshot (another writer's, no autocdc marker): `rows` (in
+/// the table's column order) appended, or (with `replace`) the table's
+/// whole content rewritten into them.
+pub async fn foreign_commit(
+    cat: &dyn autocdc::table::catalog::Catalog,
+    ident: &iceberg::TableIdent,
+    rows: &RecordBatch,
+    replace: bool,
+) {
+    use autocdc::table::row_delta::{RowDelta, produce};
+    use autocdc::table::write::{FileNamer, single_data_file};
+    let t = cat.load_table(ident).await.unwrap().unwrap();
+    let schema = t.metadata.current_schema().clone();
+    let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema).unwrap());
+    let rows = RecordBatch::try_new(arrow, rows.columns().to_vec()).unwrap();
+    let mut namer = FileNamer::new(t.location());
+    let file = single_data_file(
+        cat.file_io(),
+        &mut namer,
+        schema,
+        t.metadata.default_partition_spec_id(),
+        &rows,
+    )
+    .await
+    .unwrap();
+    let p = produce(
+        cat.file_io(),
+        &t,
+        RowDelta {
+            data: file.into_iter().collect(),
+            deletes: Vec::new(),
+            base_snapshot: t.metadata.current_snapshot_id(),
+            replace,
+            properties: std::collections::HashMap::from([(
+                "engine".to_string(),
+                "maintenance".to_string(),
+            )]),
+            now_ms: 1,
+            rewrite: None,
+        },
+    )
+    .await
+    .unwrap();
+    cat.commit(&t, p.updates, p.requirements).await.unwrap();
+}

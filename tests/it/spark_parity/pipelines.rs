@@ -192,6 +192,151 @@ fn a_second_run_with_other_changes_merges_into_the_target() {
     );
 }
 
+/// Applies each `(flow, batch)` in turn to one warehouse, each flow's
+/// engine kept open across the others' commits (two pipelines running
+/// side by side); returns the target's rows as each flow, opened again,
+/// then reads them.
+async fn side_by_side(dir: &Path, runs: &[(&Flow, &str)]) -> Vec<Rows> {
+    let cat = catalog(dir);
+    let mut engines: Vec<(String, Engine)> = Vec::new();
+    for (i, (f, batch)) in runs.iter().enumerate() {
+        if !engines.iter().any(|(n, _)| *n == f.name) {
+            engines.push((f.name.clone(), open_engine(&cat, f).await));
+        }
+        let (_, engine) = engines.iter_mut().find(|(n, _)| *n == f.name).unwrap();
+        apply(engine, f, batch, 1_000 + i as i64).await;
+    }
+    let mut out = Vec::new();
+    for (name, _) in &engines {
+        let f = runs.iter().find(|(f, _)| f.name == *name).unwrap().0;
+        out.push(table_rows(&open_engine(&cat, f).await).await);
+    }
+    out
+}
+
+/// Spark: AutoCdcScd1MultiPipelineSuite and AutoCdcScd2MultiPipelineSuite, "two AutoCDC pipelines
+/// targeting the same table with identical key and data schemas merge into a shared target table":
+/// two flows on one target share its state, so a later change of either wins by sequence
+/// (`bob` at 2 from flow_b over flow_a's `bob` at 1; flow_a's late `carol` at 0 loses to flow_b's
+/// at 1), whichever flow brought it.
+#[test]
+fn two_flows_into_one_table_with_identical_schemas_merge_into_the_shared_target() {
+    let run_a = r#"
+    {"id": 1, "name": "alice", "version": 1}
+    {"id": 2, "name": "bob", "version": 1}
+    "#;
+    let run_b = r#"
+    {"id": 2, "name": "bob-v2", "version": 2}
+    {"id": 3, "name": "carol", "version": 1}
+    "#;
+    let late_a = r#"{"id": 3, "name": "carol-old", "version": 0}"#;
+    for (body, want) in [
+        (
+            SCD1_PIPELINE,
+            rows(&[
+                &["1", "alice", "1"],
+                &["2", "bob-v2", "2"],
+                &["3", "carol", "1"],
+            ]),
+        ),
+        (
+            SCD2_PIPELINE,
+            rows(&[
+                &["1", "alice", "1", "1", "NULL"],
+                &["2", "bob", "1", "1", "2"],
+                &["2", "bob-v2", "2", "2", "NULL"],
+                &["3", "carol-old", "0", "0", "1"],
+                &["3", "carol", "1", "1", "NULL"],
+            ]),
+        ),
+    ] {
+        let (fa, fb) = (
+            flow_as("flow_a", "spark.target", body),
+            flow_as("flow_b", "spark.target", body),
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let got = rt().block_on(side_by_side(
+            tmp.path(),
+            &[(&fa, run_a), (&fb, run_b), (&fa, late_a)],
+        ));
+        assert_eq!(got, vec![want.clone(), want], "{body}");
+    }
+}
+
+/// Spark: AutoCdcScd1MultiPipelineSuite, "two pipelines into one table with different data
+/// columns evolve the shared schema": the target has the union of the flows' columns; a flow's
+/// rows leave the columns it does not select null, and its update replaces the whole row.
+#[test]
+fn two_flows_into_one_table_with_different_data_columns_evolve_the_shared_schema() {
+    let with = |extra: &str| {
+        format!(
+            "keys = [\"id\"]\nsequence_by = \"version\"\ncolumns = [\n  {{ name = \"id\", type = \"int\" }},\n  {{ name = \"{extra}\", type = \"string\" }},\n  {{ name = \"version\", type = \"long\" }},\n]\n"
+        )
+    };
+    let (fa, fb) = (
+        flow_as("flow_a", "spark.target", &with("name")),
+        flow_as("flow_b", "spark.target", &with("city")),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let got = side_by_side(
+            tmp.path(),
+            &[
+                (
+                    &fa,
+                    r#"{"id": 1, "name": "alice", "version": 1}
+                         {"id": 2, "name": "bob", "version": 1}"#,
+                ),
+                (
+                    &fb,
+                    r#"{"id": 2, "city": "Paris", "version": 2}
+                         {"id": 3, "city": "Oslo", "version": 1}"#,
+                ),
+            ],
+        )
+        .await;
+        // flow_b's `city` goes where flow_b declares it: after `id`'s
+        // neighbour `name`, before `version`.
+        let want = rows(&[
+            &["1", "alice", "NULL", "1"],
+            &["2", "NULL", "Paris", "2"],
+            &["3", "NULL", "Oslo", "1"],
+        ]);
+        assert_eq!(got, vec![want.clone(), want]);
+        let engine = open_engine(&catalog(tmp.path()), &fa).await;
+        assert_eq!(column_names(&engine), ["id", "name", "city", "version"]);
+    });
+}
+
+/// Spark: AutoCdcScd1MultiPipelineSuite and AutoCdcScd2MultiPipelineSuite, "a second pipeline
+/// targeting an existing AutoCDC table with different keys fails with KEY_SCHEMA_DRIFT", with the
+/// second pipeline a flow of another name: refused with Spark's code, naming the first flow.
+#[test]
+fn a_second_flow_with_different_keys_is_key_schema_drift() {
+    for scd in [1, 2] {
+        let fa = flow_as("flow_a", "spark.target", &keyed_on(r#"["id"]"#, scd));
+        let fb = flow_as("flow_b", "spark.target", &keyed_on(r#"["name"]"#, scd));
+        let tmp = tempfile::tempdir().unwrap();
+        rt().block_on(async {
+            let cat = catalog(tmp.path());
+            let mut a = open_engine(&cat, &fa).await;
+            apply(
+                &mut a,
+                &fa,
+                r#"{"id": 1, "name": "alice", "version": 1}"#,
+                1,
+            )
+            .await;
+            let e = Engine::open(fb.clone(), cat.clone(), Arc::new(Faults::default()))
+                .await
+                .err()
+                .expect("flow_b was opened");
+            assert_eq!(e.code(), codes::KEY_SCHEMA_DRIFT, "{e}");
+            assert!(e.to_string().contains("flow `flow_a`"), "{e}");
+        });
+    }
+}
+
 /// `(id, name, version)`, all required, keyed on `keys` (a TOML array), SCD Type `scd`.
 fn keyed_on(keys: &str, scd: u8) -> String {
     format!(
