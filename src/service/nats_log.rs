@@ -146,14 +146,13 @@ impl NatsLogs {
         }
     }
 
-    /// The flow's stream, made if missing and brought to the settings of
-    /// this process.
-    /// `flow`'s stream. One that is not found is made only with `recorded`
-    /// (the logs the flow's target records offsets of) naming no NATS log:
-    /// a new flow's. Else, and when opening (`None`), it is
-    /// `AUTOCDC_UNAVAILABLE`: a cluster electing its meta leader answers
-    /// "not found" for a stream that exists, and a new, empty stream would
-    /// lose what the old one held.
+    /// `flow`'s stream, brought to the settings of this process. One that
+    /// is not found is made only with `recorded` (the logs the flow's target
+    /// records offsets of) naming no NATS log but those of other flows'
+    /// streams under this `stream_prefix` (flows sharing the target): a new
+    /// flow's. Else, and when opening (`None`), it is `AUTOCDC_UNAVAILABLE`:
+    /// a cluster electing its meta leader answers "not found" for a stream
+    /// that exists, and a new, empty stream would lose what the old one held.
     async fn stream(&self, flow: &str, recorded: Option<&[String]>) -> Result<stream::Stream> {
         let name = self.stream_name(flow);
         match self.js.get_stream(&name).await {
@@ -198,10 +197,17 @@ impl NatsLogs {
                 Ok(s)
             }
             Err(e) if not_found(&e) => {
+                // Streams of other flows of this deployment are the logs of
+                // flows sharing the target: theirs, not this flow's.
+                let ours = format!("nats:{name}:");
+                let deployment = format!("nats:{}_", self.cfg.stream_prefix);
                 let nats: Vec<&String> = recorded
                     .unwrap_or_default()
                     .iter()
-                    .filter(|id| id.starts_with("nats:"))
+                    .filter(|id| {
+                        id.starts_with(&ours)
+                            || (id.starts_with("nats:") && !id.starts_with(&deployment))
+                    })
                     .collect();
                 if recorded.is_none() || !nats.is_empty() {
                     return Err(Error::Unavailable(format!(
