@@ -91,17 +91,41 @@ struct Sample {
     log_mib: f64,
     pending_kib: f64,
     metadata_kib: f64,
+    /// Snapshots the targets' metadata keeps.
+    snapshots: f64,
     data_files: f64,
     delete_files: f64,
     warehouse_mib: f64,
     scan_ms: f64,
 }
 
+/// How often the soak reads the sizes and counts between rows.
+const PEEK: Duration = Duration::from_secs(10);
+
+impl Sample {
+    /// Each size and count at least `o`'s: the peak over a row's window.
+    fn raise(&mut self, o: &Sample) {
+        for (mine, theirs) in [
+            (&mut self.rss_mib, o.rss_mib),
+            (&mut self.fds, o.fds),
+            (&mut self.threads, o.threads),
+            (&mut self.log_mib, o.log_mib),
+            (&mut self.metadata_kib, o.metadata_kib),
+            (&mut self.snapshots, o.snapshots),
+            (&mut self.data_files, o.data_files),
+            (&mut self.delete_files, o.delete_files),
+            (&mut self.warehouse_mib, o.warehouse_mib),
+        ] {
+            *mine = mine.max(theirs);
+        }
+    }
+}
+
 /// A figure's name and how to read it from a sample.
 type Figure = (&'static str, fn(&Sample) -> f64);
 
 /// The figures judged at the end.
-const FIGURES: [Figure; 12] = [
+const FIGURES: [Figure; 13] = [
     ("commits/s", |s| s.commit_rate),
     ("commit p50 ms", |s| s.p50),
     ("commit p99 ms", |s| s.p99),
@@ -110,6 +134,7 @@ const FIGURES: [Figure; 12] = [
     ("threads", |s| s.threads),
     ("log MiB", |s| s.log_mib),
     ("metadata.json KiB", |s| s.metadata_kib),
+    ("snapshots", |s| s.snapshots),
     ("data files", |s| s.data_files),
     ("delete files", |s| s.delete_files),
     ("warehouse MiB", |s| s.warehouse_mib),
@@ -358,8 +383,14 @@ impl Watch<'_> {
         let started = Instant::now();
         let mut samples: Vec<Sample> = Vec::new();
         let (mut last_commits, mut last_t) = (0u64, 0.0);
+        // Between rows, a light sample every PEEK: a row's sizes and counts
+        // are their peak over its window, not one instant of a sawtooth
+        // (files pile up between compactions, memory between collections).
+        let mut peak = Sample::default();
+        let mut window_end = every;
         while started.elapsed() < duration {
-            let wait = every.min(duration.saturating_sub(started.elapsed()));
+            let end = window_end.min(duration);
+            let wait = PEEK.min(end.saturating_sub(started.elapsed()));
             tokio::time::sleep(wait).await;
             if let Ok(Some(status)) = child.try_wait() {
                 return Ok((samples, Some(format!("the server exited: {status}"))));
@@ -368,6 +399,21 @@ impl Watch<'_> {
                 // A pusher stopped on an error: it is reported by `Load::stop`.
                 break;
             }
+            if started.elapsed() < end {
+                let s = sample(
+                    self.client,
+                    self.base,
+                    self.names,
+                    pid,
+                    self.catalog,
+                    self.local_warehouse,
+                    false,
+                )
+                .await?;
+                peak.raise(&s);
+                continue;
+            }
+            window_end += every;
             // A scan that once took over SCAN_LIMIT is not tried again.
             let scan = samples.last().is_none_or(|p| !p.scan_ms.is_nan());
             let mut s = sample(
@@ -385,6 +431,7 @@ impl Watch<'_> {
                     "(the scan took over {SCAN_LIMIT:?}: later samples skip it; the tables keep growing without the table-health maintenance)"
                 );
             }
+            s.raise(&std::mem::take(&mut peak));
             s.t = started.elapsed().as_secs_f64();
             s.sent = load.sent.load(std::sync::atomic::Ordering::Relaxed);
             s.commit_rate = (s.commits - last_commits) as f64 / (s.t - last_t).max(1e-3);
@@ -429,7 +476,7 @@ impl Watch<'_> {
 
 fn print_header() {
     let header = format!(
-        "{:>6} {:>10} {:>7} {:>9} {:>7} {:>7} {:>7} {:>5} {:>5} {:>7} {:>8} {:>8} {:>6} {:>6} {:>9} {:>7}",
+        "{:>6} {:>10} {:>7} {:>9} {:>7} {:>7} {:>7} {:>5} {:>5} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>9} {:>7}",
         "t s",
         "sent",
         "commits",
@@ -442,17 +489,21 @@ fn print_header() {
         "log MiB",
         "pend KiB",
         "meta KiB",
+        "snaps",
         "data",
         "dels",
         "wh MiB",
         "scan ms"
     );
     println!("{header}");
+    println!(
+        "(RSS, fds, threads, log, metadata, snapshots, files and warehouse: each row's peak over its window, read every {PEEK:?})"
+    );
 }
 
 fn print_sample(s: &Sample) {
     println!(
-        "{:>6.0} {:>10} {:>7} {:>9.2} {:>7.1} {:>7.1} {:>7.1} {:>5.0} {:>5.0} {:>7.1} {:>8.1} {:>8.1} {:>6.0} {:>6.0} {:>9.1} {:>7.0}",
+        "{:>6.0} {:>10} {:>7} {:>9.2} {:>7.1} {:>7.1} {:>7.1} {:>5.0} {:>5.0} {:>7.1} {:>8.1} {:>8.1} {:>6.0} {:>6.0} {:>6.0} {:>9.1} {:>7.0}",
         s.t,
         s.sent,
         s.commits,
@@ -465,6 +516,7 @@ fn print_sample(s: &Sample) {
         s.log_mib,
         s.pending_kib,
         s.metadata_kib,
+        s.snapshots,
         s.data_files,
         s.delete_files,
         s.warehouse_mib,
@@ -591,6 +643,7 @@ async fn sample(
             {
                 s.metadata_kib += m.size as f64 / 1024.0;
             }
+            s.snapshots += t.metadata.snapshots().count() as f64;
             if let Some(snap) = t.metadata.current_snapshot() {
                 let prop = |k: &str| {
                     snap.summary()
@@ -651,7 +704,7 @@ fn verdicts(samples: &[Sample], duration: Duration, expected_rate: f64, log_fill
     }
     let log_from = from.max(log_fills.as_secs_f64());
     println!(
-        "verdicts (samples from {from:.0} s on, the log's from {log_from:.0} s; flat = last within 1.5x of first, commit rate within 20% of {expected_rate:.2}/s):"
+        "verdicts (samples from {from:.0} s on, the log's from {log_from:.0} s; within 1.2x = the largest sample at most 1.2x the smallest, growing = the last over 1.5x the first, commit rate within 20% of {expected_rate:.2}/s):"
     );
     for (name, f) in FIGURES {
         let start = if name == "log MiB" { log_from } else { from };
@@ -670,15 +723,23 @@ fn verdicts(samples: &[Sample], duration: Duration, expected_rate: f64, log_fill
         }
         let slope = slope(&xs, &ys);
         let (first, last) = (ys[0], ys[ys.len() - 1]);
+        let (lo, hi) = ys
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &y| {
+                (lo.min(y), hi.max(y))
+            });
+        let spread = format!("{lo:.1}..{hi:.1}, x{:.2}", hi / lo.max(1e-9));
         let verdict = if name == "commits/s" {
             let mean = ys.iter().sum::<f64>() / ys.len() as f64;
             if (mean - expected_rate).abs() <= 0.2 * expected_rate {
-                format!("holds: mean {mean:.2}/s")
+                format!("holds: mean {mean:.2}/s ({spread})")
             } else {
-                format!("off: mean {mean:.2}/s")
+                format!("off: mean {mean:.2}/s ({spread})")
             }
+        } else if hi <= lo.max(1e-9) * 1.2 || hi - lo <= 1.0 {
+            format!("within 1.2x ({spread})")
         } else if last <= first.max(1e-9) * 1.5 || last - first <= 1.0 {
-            format!("flat ({first:.1} -> {last:.1})")
+            format!("bounded, not within 1.2x ({spread}; {first:.1} -> {last:.1})")
         } else {
             format!(
                 "growing ({first:.1} -> {last:.1}, x{:.2}, {slope:+.2}/min)",

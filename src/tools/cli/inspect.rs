@@ -258,6 +258,18 @@ pub(super) async fn refresh(config: &Path, full: bool, history: bool, flow: &str
         flow.state_ident(),
         if s { "existed" } else { "absent" }
     );
+    let sharing: Vec<String> = config
+        .flows()?
+        .into_iter()
+        .filter(|o| o.name != flow.name && o.target == flow.target)
+        .map(|o| format!("`{}`", o.name))
+        .collect();
+    if !sharing.is_empty() {
+        println!(
+            "{} shared the target: their rows went with it; give the next applies their input too",
+            sharing.join(", ")
+        );
+    }
     if matches!(config.ingest, crate::config::IngestConfig::Nats(_)) {
         println!(
             "the flow's NATS stream keeps what it holds: while it holds messages, `serve` does not open the flow on the new target until `autocdc log --flow {0} adopt` (apply them to it) or `reset` (drop them)",
