@@ -399,33 +399,25 @@ impl Watch<'_> {
                 // A pusher stopped on an error: it is reported by `Load::stop`.
                 break;
             }
-            if started.elapsed() < end {
-                let s = sample(
+            let read = |scan| {
+                sample(
                     self.client,
                     self.base,
                     self.names,
                     pid,
                     self.catalog,
                     self.local_warehouse,
-                    false,
+                    scan,
                 )
-                .await?;
-                peak.raise(&s);
+            };
+            if started.elapsed() < end {
+                peak.raise(&read(false).await?);
                 continue;
             }
             window_end += every;
             // A scan that once took over SCAN_LIMIT is not tried again.
             let scan = samples.last().is_none_or(|p| !p.scan_ms.is_nan());
-            let mut s = sample(
-                self.client,
-                self.base,
-                self.names,
-                pid,
-                self.catalog,
-                self.local_warehouse,
-                scan,
-            )
-            .await?;
+            let mut s = read(scan).await?;
             if scan && s.scan_ms.is_nan() {
                 println!(
                     "(the scan took over {SCAN_LIMIT:?}: later samples skip it; the tables keep growing without the table-health maintenance)"

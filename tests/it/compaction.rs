@@ -17,11 +17,8 @@ use autocdc::table::catalog::hadoop::HadoopCatalog;
 use autocdc::table::catalog::{Catalog, TableState};
 use autocdc::table::compact::{self, CompactionReport};
 use autocdc::table::engine::Engine;
-use autocdc::table::row_delta::{RowDelta, produce};
-use autocdc::table::write::{FileNamer, single_data_file};
 use common::scd::*;
 use common::*;
-use iceberg::arrow::schema_to_arrow_schema;
 
 fn catalog(dir: &Path, faults: Arc<Faults>) -> Arc<dyn Catalog> {
     Arc::new(HadoopCatalog::new(dir.to_str().unwrap(), None, faults).unwrap())
@@ -387,40 +384,13 @@ fn a_compaction_that_loses_a_race_with_another_writer_is_abandoned_cleanly() {
         let ours = table_rows(&e).await;
         // The other writer: one row with a key autocdc never saw.
         let foreign = batch(&flow, &[u(900, "Oslo", 1)]);
-        let t = cat.load_table(&flow.target).await.unwrap().unwrap();
-        let schema = t.metadata.current_schema().clone();
-        let arrow = Arc::new(schema_to_arrow_schema(&schema).unwrap());
-        let cols = flow
-            .target_cols
-            .iter()
-            .map(|&c| foreign.column(c).clone())
-            .collect();
-        let rows = RecordBatch::try_new(arrow, cols).unwrap();
-        let file = single_data_file(
-            cat.file_io(),
-            &mut FileNamer::new(t.location()),
-            schema,
-            t.metadata.default_partition_spec_id(),
-            &rows,
+        foreign_commit(
+            cat.as_ref(),
+            &flow.target,
+            &target_rows_of(&flow, &foreign),
+            false,
         )
-        .await
-        .unwrap();
-        let p = produce(
-            cat.file_io(),
-            &t,
-            RowDelta {
-                data: file.into_iter().collect(),
-                deletes: Vec::new(),
-                base_snapshot: t.metadata.current_snapshot_id(),
-                replace: false,
-                properties: HashMap::from([("engine".to_string(), "other".to_string())]),
-                now_ms: now(),
-                rewrite: None,
-            },
-        )
-        .await
-        .unwrap();
-        cat.commit(&t, p.updates, p.requirements).await.unwrap();
+        .await;
 
         let snaps = cat
             .load_table(&flow.target)

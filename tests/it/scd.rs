@@ -414,23 +414,7 @@ fn ignore_null_updates_replaces_rows_it_did_not_write() {
         // autocdc's marker), its state table gone.
         drop(open_engine(&cat, &partial).await);
         assert!(cat.drop_table(&partial.state_ident()).await.unwrap());
-        let rows_of = |evs: &[PEv]| {
-            let b = people_batch(&partial, evs);
-            let cols = ["id", "city", "note", "seq"]
-                .iter()
-                .map(|n| b.column_by_name(n).unwrap().clone())
-                .collect::<Vec<_>>();
-            arrow_array::RecordBatch::try_new(
-                std::sync::Arc::new(arrow_schema::Schema::new(
-                    ["id", "city", "note", "seq"]
-                        .iter()
-                        .map(|n| b.schema().field_with_name(n).unwrap().clone())
-                        .collect::<Vec<_>>(),
-                )),
-                cols,
-            )
-            .unwrap()
-        };
+        let rows_of = |evs: &[PEv]| target_rows_of(&partial, &people_batch(&partial, evs));
         foreign_commit(
             cat.as_ref(),
             &partial.target,

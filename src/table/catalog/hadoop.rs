@@ -206,6 +206,20 @@ impl Catalog for HadoopCatalog {
         requirements: Vec<TableRequirement>,
     ) -> Result<TableState> {
         let version = Self::version_of(&base.metadata_location)?;
+        // The new version's file is made only if absent, but that alone is
+        // no check against a base more than `previous-versions-max` commits
+        // old: the next version's file may have been deleted since, and the
+        // commit would land on a version no reader reads (Iceberg Java's
+        // HadoopTableOperations refreshes and compares first, too).
+        let location = base.metadata.location().to_string();
+        if let Some(current) = self.current_version(&location).await?
+            && current != version
+        {
+            return Err(Error::CommitConflict(format!(
+                "table {}: its current version is v{current}, not v{version} this commit was made on; another writer committed first",
+                base.ident
+            )));
+        }
         let (metadata, superseded) = super::apply_updates(base, updates, &requirements)?;
         let table = self
             .write_version(&base.ident, metadata, version + 1)

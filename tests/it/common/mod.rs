@@ -569,6 +569,21 @@ where
         .unwrap();
 }
 
+/// `batch` (source columns) cut to the flow's target columns, in order.
+pub fn target_rows_of(flow: &Flow, batch: &RecordBatch) -> RecordBatch {
+    let fields: Vec<_> = flow
+        .target_cols
+        .iter()
+        .map(|&c| batch.schema().field(c).clone())
+        .collect();
+    let cols = flow
+        .target_cols
+        .iter()
+        .map(|&c| batch.column(c).clone())
+        .collect();
+    RecordBatch::try_new(Arc::new(arrow_schema::Schema::new(fields)), cols).unwrap()
+}
+
 /// A foreign snapshot (another writer's, no autocdc marker): `rows` (in
 /// the table's column order) appended, or (with `replace`) the table's
 /// whole content rewritten into them.
