@@ -41,7 +41,7 @@ pub use policy::{
     CommitPolicy, CompactionPolicy, DEFAULT_MAX_KEY_BYTES, MAX_KEY_BYTES_LIMIT, MIN_LOG_BYTES,
     MaintenancePolicy, parse_duration,
 };
-pub use share::check_shared;
+pub use share::{CUTS_ALONE, FROM_SNAPSHOT_ALONE, check_shared, writes_alone};
 pub use target::parse_partition_field;
 
 use columns::{declared_columns, source_schema};

@@ -19,6 +19,23 @@ use iceberg::spec::Type;
 use super::Flow;
 use crate::error::{Error, Result, codes};
 
+/// A `from_snapshot` flow, which writes its target alone.
+pub const FROM_SNAPSHOT_ALONE: &str =
+    "a from_snapshot flow (each snapshot is compared with the whole target)";
+/// An SCD Type 2 Debezium flow, which writes its target alone.
+pub const CUTS_ALONE: &str = "an SCD Type 2 Debezium flow (a snapshot of its source closes the versions of every key it did not read)";
+
+/// What `f` is, when it is a kind of flow that writes its target alone.
+pub fn writes_alone(f: &Flow) -> Option<&'static str> {
+    if f.from_snapshot {
+        Some(FROM_SNAPSHOT_ALONE)
+    } else if f.cuts.is_some() {
+        Some(CUTS_ALONE)
+    } else {
+        None
+    }
+}
+
 /// `second` may write the target `first` writes: both name it.
 pub fn check_shared(first: &Flow, second: &Flow) -> Result<()> {
     let differ = |what: &str, a: String, b: String| -> Result<()> {
@@ -31,18 +48,7 @@ pub fn check_shared(first: &Flow, second: &Flow) -> Result<()> {
             ),
         ))
     };
-    let alone = |f: &Flow| {
-        if f.from_snapshot {
-            Some("a from_snapshot flow (each snapshot is compared with the whole target)")
-        } else if f.cuts.is_some() {
-            Some(
-                "an SCD Type 2 Debezium flow (a snapshot of its source closes the versions of every key it did not read)",
-            )
-        } else {
-            None
-        }
-    };
-    if let Some(why) = alone(first).or(alone(second)) {
+    if let Some(why) = writes_alone(first).or(writes_alone(second)) {
         return Err(Error::definition(
             &second.name,
             codes::TARGET_IN_USE,

@@ -148,7 +148,8 @@ impl Engine {
             // Without an ingest log the offset is a count of applies shared
             // by the flows writing the target: only this flow's own count
             // says the batch is in.
-            let same_count = self.log.is_some() || fresh.last_writer() == Some(&self.flow.name);
+            let same_count =
+                self.log.is_some() || fresh.last_writer() == Some(self.flow.name.as_str());
             let already = same_count
                 && fresh.input_offset >= input_offset
                 && input_offset > self.input_offset;

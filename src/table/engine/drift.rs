@@ -95,11 +95,12 @@ fn check_shared(flow: &Flow, target: &TableState, state: Option<&TableState>) ->
         })
     };
     let recorded = |p: &str| marker.as_ref().is_some_and(|m| m.contains_key(p));
-    if flow.from_snapshot || recorded(PROP_SNAPSHOT_VERSION) {
-        return refuse("a from_snapshot flow writes its target alone (each snapshot is compared with the whole target)".into());
-    }
-    if flow.cuts.is_some() || recorded(PROP_SNAPSHOT_CUTS) {
-        return refuse("an SCD Type 2 Debezium flow writes its target alone (a snapshot of its source closes the versions of every key it did not read)".into());
+    // This flow's kind, or the other's as its snapshots record it.
+    let alone = crate::core::flow::writes_alone(flow)
+        .or(recorded(PROP_SNAPSHOT_VERSION).then_some(crate::core::flow::FROM_SNAPSHOT_ALONE))
+        .or(recorded(PROP_SNAPSHOT_CUTS).then_some(crate::core::flow::CUTS_ALONE));
+    if let Some(why) = alone {
+        return refuse(format!("{why} writes its target alone"));
     }
     // The keys and the sequence keep Spark's codes (a second pipeline
     // with other keys is KEY_SCHEMA_DRIFT there too), said of both flows.

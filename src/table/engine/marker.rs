@@ -320,12 +320,12 @@ impl Engine {
     }
 
     /// The flow that wrote the target's latest autocdc snapshot.
-    pub(super) fn last_writer(&self) -> Option<&String> {
+    pub(super) fn last_writer(&self) -> Option<&str> {
         ancestors(
             &self.target.metadata,
             self.target.metadata.current_snapshot_id(),
         )
-        .find_map(|s| s.summary().additional_properties.get(PROP_FLOW))
+        .find_map(|s| writer(s))
     }
 
     /// `AUTOCDC_LEASE_LOST` when the target has a snapshot of this flow
