@@ -43,15 +43,18 @@ pub struct Truncated {
     pub removed: u64,
 }
 
-/// Rewrites `batch` for the truncates in it and the current `floor`.
-/// `live` lists (key, sequence) of every live key of the state, row-encoded.
-pub fn rewrite<'a>(
+/// Rewrites `batch` for the truncates in it and the current `floor`;
+/// `None` when there is nothing to rewrite (no floor, no truncate in the
+/// batch: the usual batch of a source never truncated). `live` lists
+/// (key, sequence) of every live key of the state, row-encoded; it is
+/// called only when the batch raises the floor.
+pub fn rewrite<'a, L: IntoIterator<Item = (&'a [u8], &'a [u8])>>(
     flow: &Flow,
     codec: &Codec,
     batch: &RecordBatch,
     floor: Option<&[u8]>,
-    live: impl Iterator<Item = (&'a [u8], &'a [u8])>,
-) -> Result<Truncated> {
+    live: impl FnOnce() -> L,
+) -> Result<Option<Truncated>> {
     let n = batch.num_rows();
     let is_trunc = mask(flow, flow.truncates.as_ref(), batch)?;
     let trunc = |i: usize| {
@@ -59,6 +62,9 @@ pub fn rewrite<'a>(
             .as_ref()
             .is_some_and(|m| m.is_valid(i) && m.value(i))
     };
+    if floor.is_none() && !(0..n).any(trunc) {
+        return Ok(None);
+    }
     let seqs: Rows = codec.seqs.convert_columns(
         &flow
             .seq_idx
@@ -100,7 +106,8 @@ pub fn rewrite<'a>(
         let keys = codec.keys.convert_columns(&key_cols)?;
         let lifted: std::collections::HashSet<&[u8]> =
             keep.iter().map(|&i| keys.row(i as usize).data()).collect();
-        synth = live
+        synth = live()
+            .into_iter()
             .filter(|(k, s)| below(s) && !lifted.contains(k))
             .map(|(k, _)| k)
             .collect();
@@ -108,7 +115,7 @@ pub fn rewrite<'a>(
     }
     let f = new_floor.as_deref().unwrap_or_default();
     let (batch, origin, forced_deletes) = keep_and_delete(flow, codec, batch, &keep, &synth, f)?;
-    Ok(Truncated {
+    Ok(Some(Truncated {
         batch,
         origin,
         forced_deletes,
@@ -117,7 +124,7 @@ pub fn rewrite<'a>(
         truncates,
         below_floor,
         removed: synth.len() as u64,
-    })
+    }))
 }
 
 /// The rows `keep` of `batch`, then a delete for each of `keys` at the
@@ -131,11 +138,17 @@ pub(crate) fn keep_and_delete(
     keys: &[&[u8]],
     seq: &[u8],
 ) -> Result<(RecordBatch, Vec<Option<u32>>, BooleanArray)> {
-    let idx = UInt32Array::from(keep.to_vec());
+    let every =
+        keep.len() == batch.num_rows() && keep.iter().enumerate().all(|(i, &k)| k as usize == i);
+    let idx = UInt32Array::from(if every { Vec::new() } else { keep.to_vec() });
     let mut cols: Vec<ArrayRef> = batch
         .columns()
         .iter()
-        .map(|c| take(c.as_ref(), &idx, None))
+        .map(|c| match every {
+            // Every row kept, in order: the columns as they are.
+            true => Ok(c.clone()),
+            false => take(c.as_ref(), &idx, None),
+        })
         .collect::<std::result::Result<_, _>>()?;
     if !keys.is_empty() {
         let kp = codec.keys.parser();

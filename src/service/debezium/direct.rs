@@ -9,12 +9,12 @@
 
 use std::borrow::Cow;
 
+use super::read::Raw;
 use arrow_array::ArrayRef;
 use arrow_array::builder::{
     ArrayBuilder, BooleanBuilder, Float64Builder, Int32Builder, Int64Builder, StringBuilder,
 };
 use arrow_schema::DataType;
-use serde_json::value::RawValue;
 
 use super::read::RowSchema;
 use crate::core::debezium;
@@ -213,7 +213,7 @@ impl<'f> Direct<'f> {
     /// One event's row image.
     pub(super) fn row(
         &mut self,
-        fields: &[(Cow<str>, &RawValue)],
+        fields: &[(Cow<str>, Raw)],
         schema: Option<&RowSchema>,
     ) -> Result<(), Decline> {
         self.check(schema)?;

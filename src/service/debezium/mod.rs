@@ -123,7 +123,7 @@ impl<'f> Columns<'f> {
         &self,
         c: &Change,
         which: &str,
-        fields: &[(std::borrow::Cow<str>, &serde_json::value::RawValue)],
+        fields: &[(std::borrow::Cow<str>, read::Raw)],
         line: &mut Vec<u8>,
         bytes: &mut [Option<Vec<u8>>],
     ) -> Result<()> {
@@ -251,7 +251,7 @@ impl Build<'_> {
         columns: &Columns,
         c: &Change,
         which: &str,
-        fields: &[(std::borrow::Cow<str>, &serde_json::value::RawValue)],
+        fields: &[(std::borrow::Cow<str>, read::Raw)],
     ) -> Result<std::result::Result<(), direct::Decline>> {
         match self {
             Build::Json { lines, ends, bytes } => {

@@ -18,6 +18,8 @@ use crate::core::debezium::{self, Op, Position};
 use crate::error::{Error, Result, codes};
 use crate::service::input::body::{BodyFormat, Limits};
 
+mod scan;
+
 /// One change event of a body, its parts borrowed from the body.
 #[derive(Debug)]
 pub struct Change<'a> {
@@ -99,12 +101,12 @@ impl<'a> Tables<'a> {
     /// names no table.
     fn name(&mut self, source: &Origin<'a>) -> Arc<str> {
         let [schema, db, table] = source.names;
-        let raw = |r: Option<&'a RawValue>| r.map_or("", RawValue::get);
+        let raw = |r: Option<Raw<'a>>| r.map_or("", Raw::get);
         let key = [raw(schema), raw(db), raw(table)];
         if let Some((_, name)) = self.seen.iter().find(|(k, _)| *k == key) {
             return name.clone();
         }
-        let text = |r: Option<&'a RawValue>| r.and_then(string).filter(|s| !s.is_empty());
+        let text = |r: Option<Raw<'a>>| r.and_then(string).filter(|s| !s.is_empty());
         let name: Arc<str> = match (text(schema).or(text(db)), text(table)) {
             (Some(ns), Some(t)) => format!("{ns}.{t}").into(),
             _ => "".into(),
@@ -116,21 +118,35 @@ impl<'a> Tables<'a> {
     }
 }
 
+/// A JSON value's text as it stands in the body (read as JSON, so valid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Raw<'a>(&'a str);
+
+impl<'a> Raw<'a> {
+    pub(super) fn get(self) -> &'a str {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Raw<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        <&RawValue>::deserialize(d).map(|r| Raw(r.get()))
+    }
+}
+
 /// A field present in an event (null too: `Some("null")`); absent is `None`.
-fn present<'de, D: Deserializer<'de>>(
-    d: D,
-) -> std::result::Result<Option<&'de RawValue>, D::Error> {
-    <&RawValue>::deserialize(d).map(Some)
+fn present<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Raw<'de>>, D::Error> {
+    Raw::deserialize(d).map(Some)
 }
 
 /// The parts of an event, or of its wrapper, that a reader needs; the rest
 /// is skipped unread.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, Debug)]
 struct Parts<'a> {
     #[serde(borrow, default, deserialize_with = "present")]
-    schema: Option<&'a RawValue>,
+    schema: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    payload: Option<&'a RawValue>,
+    payload: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "image")]
     before: Option<Image<'a>>,
     #[serde(borrow, default, deserialize_with = "image")]
@@ -138,13 +154,13 @@ struct Parts<'a> {
     #[serde(borrow, default, deserialize_with = "origin")]
     source: Option<Origin<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    op: Option<&'a RawValue>,
+    op: Option<Raw<'a>>,
     /// A flattened event's (ExtractNewRecordState's `add.fields=op`).
     #[serde(rename = "__op", borrow, default, deserialize_with = "present")]
-    flat_op: Option<&'a RawValue>,
+    flat_op: Option<Raw<'a>>,
     /// A flattened delete's (`delete.handling.mode=rewrite`).
     #[serde(rename = "__deleted", borrow, default, deserialize_with = "present")]
-    flat_deleted: Option<&'a RawValue>,
+    flat_deleted: Option<Raw<'a>>,
 }
 
 impl Parts<'_> {
@@ -165,31 +181,31 @@ impl Parts<'_> {
 #[derive(Deserialize, Default, Debug)]
 struct Source<'a> {
     #[serde(borrow, default, deserialize_with = "present")]
-    connector: Option<&'a RawValue>,
+    connector: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    schema: Option<&'a RawValue>,
+    schema: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    db: Option<&'a RawValue>,
+    db: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    table: Option<&'a RawValue>,
+    table: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    snapshot: Option<&'a RawValue>,
+    snapshot: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    sequence: Option<&'a RawValue>,
+    sequence: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    lsn: Option<&'a RawValue>,
+    lsn: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    file: Option<&'a RawValue>,
+    file: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    pos: Option<&'a RawValue>,
+    pos: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    row: Option<&'a RawValue>,
+    row: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    commit_lsn: Option<&'a RawValue>,
+    commit_lsn: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    change_lsn: Option<&'a RawValue>,
+    change_lsn: Option<Raw<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
-    event_serial_no: Option<&'a RawValue>,
+    event_serial_no: Option<Raw<'a>>,
     /// A flattened event's connector, told by its position fields when it
     /// does not name one.
     #[serde(skip)]
@@ -201,8 +217,8 @@ struct Source<'a> {
 /// its events in the source's order (or why it gives none).
 #[derive(Debug)]
 struct Origin<'a> {
-    names: [Option<&'a RawValue>; 3],
-    snapshot: Option<&'a RawValue>,
+    names: [Option<Raw<'a>>; 3],
+    snapshot: Option<Raw<'a>>,
     pos: std::result::Result<[i64; 4], String>,
 }
 
@@ -234,7 +250,7 @@ impl<'a> Source<'a> {
         debezium::source_pos(&|k| self.value(k))
     }
 
-    fn raw(&self, k: &str) -> Option<&'a RawValue> {
+    fn raw(&self, k: &str) -> Option<Raw<'a>> {
         match k {
             "connector" => self.connector,
             "schema" => self.schema,
@@ -262,13 +278,13 @@ impl<'a> Source<'a> {
     }
 
     fn is_postgres(&self) -> bool {
-        self.connector.map(RawValue::get) == Some("\"postgresql\"")
+        self.connector.map(Raw::get) == Some("\"postgresql\"")
             || (self.connector.is_none() && self.inferred == Some("postgresql"))
     }
 }
 
 /// A JSON string's text, borrowed unless it has escapes.
-fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
+fn string(raw: Raw<'_>) -> Option<Cow<'_, str>> {
     match serde_json::from_str::<&str>(raw.get()) {
         Ok(s) => Some(Cow::Borrowed(s)),
         Err(_) => serde_json::from_str::<String>(raw.get())
@@ -279,7 +295,7 @@ fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
 
 /// The fields of a row image, in order, values unread.
 #[derive(Debug)]
-pub(super) struct Fields<'a>(pub(super) Vec<(Cow<'a, str>, &'a RawValue)>);
+pub(super) struct Fields<'a>(pub(super) Vec<(Cow<'a, str>, Raw<'a>)>);
 
 impl<'de> Deserialize<'de> for Fields<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
@@ -306,7 +322,7 @@ impl<'de> Fields<'de> {
         struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
         let mut out = Vec::with_capacity(m.size_hint().unwrap_or(8).min(256));
         while let Some(Key(k)) = m.next_key()? {
-            let v: &'de RawValue = m.next_value()?;
+            let v: Raw<'de> = m.next_value()?;
             out.push((k, v));
         }
         Ok(Fields(out))
@@ -457,7 +473,7 @@ struct Schemas<'a> {
 const MAX_SCHEMAS: usize = 16;
 
 impl<'a> Schemas<'a> {
-    fn get(&mut self, raw: &'a RawValue) -> Option<Arc<EventSchema>> {
+    fn get(&mut self, raw: Raw<'a>) -> Option<Arc<EventSchema>> {
         let raw = raw.get();
         if raw == "null" {
             return None;
@@ -517,7 +533,10 @@ fn read_one<'a>(
     let text = text.trim_ascii();
     if let Some((schema, payload)) = schemas.known(text)
         && payload.starts_with('{')
-        && let Ok(parts) = serde_json::from_str::<Parts>(payload)
+        && let Some(parts) = scan::payload(payload, 0)
+            .filter(|(_, end)| *end == payload.len())
+            .map(|(p, _)| p)
+            .or_else(|| serde_json::from_str::<Parts>(payload).ok())
         && !parts.is_wrapper()
     {
         return event(flow, index, parts, Some(schema), payload, tables);
@@ -543,7 +562,7 @@ fn read_one<'a>(
         return event(flow, index, outer, None, text, tables);
     }
     let schema = outer.schema.and_then(|r| schemas.get(r));
-    let payload = outer.payload.map_or("null", RawValue::get);
+    let payload = outer.payload.map_or("null", Raw::get);
     if payload == "null" {
         return Ok(Read::Tombstone);
     }
@@ -751,12 +770,15 @@ pub fn read_body<'a>(
         flow: flow.to_string(),
         message: format!("the body is not a JSON array of events: {why}"),
     };
-    // Checked once, so that every value is read as text unchecked.
-    let text: &'a str = std::str::from_utf8(body).map_err(|e| Error::Input {
-        code: codes::MALFORMED_BODY,
-        flow: flow.to_string(),
-        message: format!("the body is not UTF-8 JSON: {e}"),
-    })?;
+    // Checked once, so that every value is read as text unchecked (std
+    // names where the first bad byte is).
+    let text: &'a str = simdutf8::basic::from_utf8(body)
+        .or_else(|_| std::str::from_utf8(body))
+        .map_err(|e| Error::Input {
+            code: codes::MALFORMED_BODY,
+            flow: flow.to_string(),
+            message: format!("the body is not UTF-8 JSON: {e}"),
+        })?;
     let mut out = (Vec::new(), Skipped::default());
     let mut schemas = Schemas::default();
     let mut tables = Tables::default();
@@ -894,9 +916,14 @@ fn known_event<'a>(
     if body.get(from) != Some(&b'{') {
         return None;
     }
-    let mut one = serde_json::Deserializer::from_str(&text[from..]).into_iter::<Parts>();
-    let parts = one.next()?.ok().filter(|p| !p.is_wrapper())?;
-    let to = from + one.byte_offset();
+    let (parts, to) = scan::payload(text, from).or_else(|| {
+        let mut one = serde_json::Deserializer::from_str(&text[from..]).into_iter::<Parts>();
+        let parts = one.next()?.ok()?;
+        Some((parts, from + one.byte_offset()))
+    })?;
+    if parts.is_wrapper() {
+        return None;
+    }
     let mut close = to;
     while body.get(close).is_some_and(u8::is_ascii_whitespace) {
         close += 1;

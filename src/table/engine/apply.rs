@@ -297,16 +297,18 @@ impl Engine {
         let truncated = match &self.flow.truncates {
             Some(_) => {
                 resolve::validate(&self.flow, batch)?;
-                Some(truncate::rewrite(
+                truncate::rewrite(
                     &self.flow,
                     &self.codec,
                     batch,
                     self.floor.as_deref(),
-                    self.state
-                        .live_keys()
-                        .into_iter()
-                        .map(|(k, seq, _)| (k, seq)),
-                )?)
+                    || {
+                        self.state
+                            .live_keys()
+                            .into_iter()
+                            .map(|(k, seq, _)| (k, seq))
+                    },
+                )?
             }
             None => None,
         };
