@@ -285,6 +285,15 @@ impl<'a> Source<'a> {
 
 /// A JSON string's text, borrowed unless it has escapes.
 fn string(raw: Raw<'_>) -> Option<Cow<'_, str>> {
+    // `raw` is JSON already: a string without escapes is what its quotes hold.
+    if let Some(inner) = raw
+        .get()
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        && !inner.contains('\\')
+    {
+        return Some(Cow::Borrowed(inner));
+    }
     match serde_json::from_str::<&str>(raw.get()) {
         Ok(s) => Some(Cow::Borrowed(s)),
         Err(_) => serde_json::from_str::<String>(raw.get())
@@ -533,8 +542,8 @@ fn read_one<'a>(
     let text = text.trim_ascii();
     if let Some((schema, payload)) = schemas.known(text)
         && payload.starts_with('{')
-        && let Some(parts) = scan::payload(payload, 0)
-            .filter(|(_, end)| *end == payload.len())
+        && let Some(parts) = scan::payload(payload.as_bytes(), 0)
+            .filter(|(_, read)| read.len() == payload.len())
             .map(|(p, _)| p)
             .or_else(|| serde_json::from_str::<Parts>(payload).ok())
         && !parts.is_wrapper()
@@ -757,6 +766,30 @@ pub fn read_body<'a>(
     body: &'a [u8],
     limits: Limits,
 ) -> Result<(Vec<Change<'a>>, Skipped)> {
+    // A body that is not UTF-8 says so, whichever event met it first.
+    read_events(flow, format, body, limits).map_err(|e| match utf8(flow, body) {
+        Err(not) => not,
+        Ok(_) => e,
+    })
+}
+
+/// `body` as text, or why it is not UTF-8 (std names the first bad byte).
+fn utf8<'a>(flow: &str, body: &'a [u8]) -> Result<&'a str> {
+    simdutf8::basic::from_utf8(body)
+        .or_else(|_| std::str::from_utf8(body))
+        .map_err(|e| Error::Input {
+            code: codes::MALFORMED_BODY,
+            flow: flow.to_string(),
+            message: format!("the body is not UTF-8 JSON: {e}"),
+        })
+}
+
+fn read_events<'a>(
+    flow: &str,
+    format: BodyFormat,
+    body: &'a [u8],
+    limits: Limits,
+) -> Result<(Vec<Change<'a>>, Skipped)> {
     let too_many = || Error::Input {
         code: codes::BATCH_TOO_LARGE,
         flow: flow.to_string(),
@@ -770,15 +803,9 @@ pub fn read_body<'a>(
         flow: flow.to_string(),
         message: format!("the body is not a JSON array of events: {why}"),
     };
-    // Checked once, so that every value is read as text unchecked (std
-    // names where the first bad byte is).
-    let text: &'a str = simdutf8::basic::from_utf8(body)
-        .or_else(|_| std::str::from_utf8(body))
-        .map_err(|e| Error::Input {
-            code: codes::MALFORMED_BODY,
-            flow: flow.to_string(),
-            message: format!("the body is not UTF-8 JSON: {e}"),
-        })?;
+    // A JSON array's UTF-8 is checked event by event (`scan`, and serde's
+    // reading of a slice), the others' at once.
+    let whole = || utf8(flow, body);
     let mut out = (Vec::new(), Skipped::default());
     let mut schemas = Schemas::default();
     let mut tables = Tables::default();
@@ -796,6 +823,7 @@ pub fn read_body<'a>(
     };
     match format {
         BodyFormat::Ndjson => {
+            let text = whole()?;
             let mut index = 0;
             let mut start = 0;
             for end in memchr::memchr_iter(b'\n', body).chain([body.len()]) {
@@ -817,7 +845,7 @@ pub fn read_body<'a>(
         BodyFormat::JsonArray if body.get(skip_ws(0)) != Some(&b'[') => {
             keep(
                 &mut out,
-                read_one(flow, 0, text.trim_ascii(), &mut schemas, &mut tables)?,
+                read_one(flow, 0, whole()?.trim_ascii(), &mut schemas, &mut tables)?,
             );
         }
         BodyFormat::JsonArray => {
@@ -830,7 +858,7 @@ pub fn read_body<'a>(
                     if index == limits.max_rows {
                         return Err(too_many());
                     }
-                    let end = match known_event(flow, index, text, i, &schemas, &mut tables) {
+                    let end = match known_event(flow, index, body, i, &schemas, &mut tables) {
                         Some(read) => {
                             let (read, end) = read?;
                             keep(&mut out, read);
@@ -838,7 +866,7 @@ pub fn read_body<'a>(
                         }
                         None => {
                             // The long way: the element as it is.
-                            let mut one = serde_json::Deserializer::from_str(&text[i..])
+                            let mut one = serde_json::Deserializer::from_slice(&body[i..])
                                 .into_iter::<&RawValue>();
                             match one.next() {
                                 Some(Ok(raw)) => {
@@ -905,31 +933,108 @@ pub fn read_body<'a>(
 fn known_event<'a>(
     flow: &str,
     index: usize,
-    text: &'a str,
+    body: &'a [u8],
     at: usize,
     schemas: &Schemas<'a>,
     tables: &mut Tables<'a>,
 ) -> Option<Result<(Read<'a>, usize)>> {
-    let body = text.as_bytes();
     let (schema, offset) = schemas.known_at(&body[at..])?;
     let from = at + offset;
     if body.get(from) != Some(&b'{') {
         return None;
     }
-    let (parts, to) = scan::payload(text, from).or_else(|| {
-        let mut one = serde_json::Deserializer::from_str(&text[from..]).into_iter::<Parts>();
+    let (parts, text) = scan::payload(body, from).or_else(|| {
+        let mut one = serde_json::Deserializer::from_slice(&body[from..]).into_iter::<Parts>();
         let parts = one.next()?.ok()?;
-        Some((parts, from + one.byte_offset()))
+        let text = std::str::from_utf8(&body[from..from + one.byte_offset()]).ok()?;
+        Some((parts, text))
     })?;
     if parts.is_wrapper() {
         return None;
     }
-    let mut close = to;
+    let mut close = from + text.len();
     while body.get(close).is_some_and(u8::is_ascii_whitespace) {
         close += 1;
     }
     if body.get(close) != Some(&b'}') {
         return None;
     }
-    Some(event(flow, index, parts, Some(schema), &text[from..to], tables).map(|r| (r, close + 1)))
+    Some(event(flow, index, parts, Some(schema), text, tables).map(|r| (r, close + 1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCHEMA: &str = r#"{"type":"struct","fields":[{"type":"struct","field":"after","fields":[{"type":"string","field":"note"}]}]}"#;
+
+    fn event(note: &str, lsn: u64) -> String {
+        format!(
+            r#"{{"schema":{SCHEMA},"payload":{{"before":null,"after":{{"note":"{note}"}},"source":{{"connector":"postgresql","schema":"public","table":"t","sequence":"[null,\"{lsn}\"]","lsn":{lsn}}},"op":"c"}}}}"#
+        )
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            max_rows: 100,
+            max_value_bytes: 1 << 20,
+        }
+    }
+
+    fn notes(changes: &[Change]) -> Vec<String> {
+        changes
+            .iter()
+            .map(|c| match c.image().1 {
+                Some(Image::Row(Fields(f))) => string(f[0].1).unwrap().into_owned(),
+                _ => panic!("no row"),
+            })
+            .collect()
+    }
+
+    /// A JSON array's UTF-8 is checked event by event, its repeated schemas
+    /// by comparison: bad bytes anywhere are the body's UTF-8 error, and
+    /// good non-ASCII text reads as it is, in every format.
+    #[test]
+    fn utf8_is_checked_wherever_it_is() {
+        let good = [event("a", 1), event("é 😀", 2), event("c", 3)];
+        for format in [BodyFormat::JsonArray, BodyFormat::Ndjson] {
+            let join = |events: &[Vec<u8>]| -> Vec<u8> {
+                match format {
+                    BodyFormat::Ndjson => events.join(&b'\n'),
+                    _ => [b"[".to_vec(), events.join(&b','), b"]".to_vec()].concat(),
+                }
+            };
+            let body = join(
+                &good
+                    .iter()
+                    .map(|e| e.as_bytes().to_vec())
+                    .collect::<Vec<_>>(),
+            );
+            let (changes, _) = read_body("t", format, &body, limits()).unwrap();
+            assert_eq!(notes(&changes), ["a", "é 😀", "c"]);
+            // One bad byte in the first event's schema, in a later event's
+            // payload (read by the scan) and in its repeated schema.
+            let spoil = |event: usize, pick: &dyn Fn(&str) -> usize| {
+                let mut events: Vec<Vec<u8>> = good.iter().map(|e| e.as_bytes().to_vec()).collect();
+                let at = pick(&good[event]);
+                events[event][at] = 0xff;
+                join(&events)
+            };
+            let in_schema = |e: &str| e.find("struct").unwrap();
+            let in_note = |e: &str| e.rfind("\"note\":\"").unwrap() + 8;
+            for body in [
+                spoil(0, &in_schema),
+                spoil(2, &in_note),
+                spoil(1, &in_schema),
+            ] {
+                let err = read_body("t", format, &body, limits()).unwrap_err();
+                let text = err.to_string();
+                assert!(text.contains("not UTF-8"), "{format:?}: {text}");
+                assert!(
+                    matches!(err, Error::Input { code, .. } if code == codes::MALFORMED_BODY),
+                    "{err:?}"
+                );
+            }
+        }
+    }
 }
