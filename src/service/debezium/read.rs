@@ -250,6 +250,26 @@ impl<'a> Source<'a> {
         debezium::source_pos(&|k| self.value(k))
     }
 
+    /// Field `k`'s place (the fields read, as `scan::SOURCE` lists them).
+    fn slot(&mut self, k: &str) -> Option<&mut Option<Raw<'a>>> {
+        Some(match k {
+            "connector" => &mut self.connector,
+            "schema" => &mut self.schema,
+            "db" => &mut self.db,
+            "table" => &mut self.table,
+            "snapshot" => &mut self.snapshot,
+            "sequence" => &mut self.sequence,
+            "lsn" => &mut self.lsn,
+            "file" => &mut self.file,
+            "pos" => &mut self.pos,
+            "row" => &mut self.row,
+            "commit_lsn" => &mut self.commit_lsn,
+            "change_lsn" => &mut self.change_lsn,
+            "event_serial_no" => &mut self.event_serial_no,
+            _ => return None,
+        })
+    }
+
     fn raw(&self, k: &str) -> Option<Raw<'a>> {
         match k {
             "connector" => self.connector,
@@ -692,20 +712,10 @@ fn flattened<'a>(
                 deleted = v.get() == "true" || string(v).as_deref() == Some("true");
                 continue;
             }
-            "connector" => &mut source.connector,
-            "schema" => &mut source.schema,
-            "db" => &mut source.db,
-            "table" => &mut source.table,
-            "snapshot" => &mut source.snapshot,
-            "sequence" => &mut source.sequence,
-            "lsn" => &mut source.lsn,
-            "file" => &mut source.file,
-            "pos" => &mut source.pos,
-            "row" => &mut source.row,
-            "commit_lsn" => &mut source.commit_lsn,
-            "change_lsn" => &mut source.change_lsn,
-            "event_serial_no" => &mut source.event_serial_no,
-            _ => continue,
+            name => match source.slot(name) {
+                Some(slot) => slot,
+                None => continue,
+            },
         };
         *slot = Some(v);
     }

@@ -26,21 +26,21 @@ const MAX_DEPTH: usize = 64;
 /// Where a part is in the body: [start, end).
 type Span = (usize, usize);
 
-/// The `source` fields read, in `Source`'s order.
-const SOURCE: [&[u8]; 13] = [
-    b"connector",
-    b"schema",
-    b"db",
-    b"table",
-    b"snapshot",
-    b"sequence",
-    b"lsn",
-    b"file",
-    b"pos",
-    b"row",
-    b"commit_lsn",
-    b"change_lsn",
-    b"event_serial_no",
+/// The `source` fields read (`Source::slot` has a place for each).
+const SOURCE: [&str; 13] = [
+    "connector",
+    "schema",
+    "db",
+    "table",
+    "snapshot",
+    "sequence",
+    "lsn",
+    "file",
+    "pos",
+    "row",
+    "commit_lsn",
+    "change_lsn",
+    "event_serial_no",
 ];
 
 /// `Parts`, by where each is in the body.
@@ -101,45 +101,12 @@ impl Found {
             })
         };
         let source = match self.source {
-            Some(Some(f)) => {
-                let mut r = [None; 13];
-                for (slot, s) in r.iter_mut().zip(f) {
-                    *slot = raw(s)?;
+            Some(Some(spans)) => {
+                let mut src = Source::default();
+                for (name, span) in SOURCE.iter().zip(spans) {
+                    *src.slot(name)? = raw(span)?;
                 }
-                let [
-                    connector,
-                    schema,
-                    db,
-                    table,
-                    snapshot,
-                    sequence,
-                    lsn,
-                    file,
-                    pos,
-                    row,
-                    commit_lsn,
-                    change_lsn,
-                    event_serial_no,
-                ] = r;
-                Some(
-                    Source {
-                        connector,
-                        schema,
-                        db,
-                        table,
-                        snapshot,
-                        sequence,
-                        lsn,
-                        file,
-                        pos,
-                        row,
-                        commit_lsn,
-                        change_lsn,
-                        event_serial_no,
-                        inferred: None,
-                    }
-                    .origin(),
-                )
+                Some(src.origin())
             }
             _ => None,
         };
@@ -378,7 +345,7 @@ impl<'a> Scan<'a> {
         let mut fields = [None; 13];
         self.object(|s, key| {
             let key = s.text(key);
-            match SOURCE.iter().position(|k| *k == key) {
+            match SOURCE.iter().position(|k| k.as_bytes() == key) {
                 Some(f) => once(&mut fields[f], s.raw(2)?),
                 None => s.skip(2),
             }
