@@ -1,7 +1,7 @@
 //! The error registry: every code autocdc emits is defined once in
 //! `error::REGISTRY` with its HTTP status, and the table of docs/errors.md
 //! says the same. The statuses themselves are asserted over HTTP in
-//! `tests/it/serve.rs` and `tests/it/hostile/`.
+//! `tests/it/serve/` and `tests/it/hostile/`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
