@@ -93,7 +93,12 @@ pub struct FlowRuntime {
 
 pub(super) const MAX_MAINTAIN_REQUESTS: usize = 16;
 
-pub const COMMIT_BUCKETS: [f64; 8] = [10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0, 30000.0];
+/// The upper bounds (ms) of the commit histogram's buckets: Prometheus'
+/// defaults, then 30 s. Commits of a busy flow take 10-100 ms, so the
+/// buckets there are close enough for a window's percentiles.
+pub const COMMIT_BUCKETS: [f64; 12] = [
+    5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0,
+];
 pub(super) const RECENT: usize = 256;
 
 impl FlowRuntime {

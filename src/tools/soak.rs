@@ -26,6 +26,9 @@ use crate::error::{Error, Result};
 use crate::tools::generate;
 use crate::tools::serve_child::ServeChild;
 
+mod latency;
+use latency::Buckets;
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct SoakArgs {
     /// How long to push, e.g. "2m", "60m".
@@ -383,6 +386,9 @@ impl Watch<'_> {
         let started = Instant::now();
         let mut samples: Vec<Sample> = Vec::new();
         let (mut last_commits, mut last_t) = (0u64, 0.0);
+        // Commit latency per row: the commits of its window in the
+        // service's histogram (`latency`).
+        let mut hist = self.commit_buckets().await?;
         // Between rows, a light sample every PEEK: a row's sizes and counts
         // are their peak over its window, not one instant of a sawtooth
         // (files pile up between compactions, memory between collections).
@@ -427,11 +433,30 @@ impl Watch<'_> {
             s.t = started.elapsed().as_secs_f64();
             s.sent = load.sent.load(std::sync::atomic::Ordering::Relaxed);
             s.commit_rate = (s.commits - last_commits) as f64 / (s.t - last_t).max(1e-3);
+            let now = self.commit_buckets().await?;
+            let window = now.since(&hist);
+            (s.p50, s.p99) = (window.quantile_ms(0.5), window.quantile_ms(0.99));
+            hist = now;
             (last_commits, last_t) = (s.commits, s.t);
             print_sample(&s);
             samples.push(s);
         }
         Ok((samples, None))
+    }
+
+    /// The service's commit-duration histogram, summed over flows.
+    async fn commit_buckets(&self) -> Result<Buckets> {
+        let text = self
+            .client
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .map_err(|e| Error::Unavailable(format!("/metrics: {e}")))?
+            .text()
+            .await
+            .map_err(|e| Error::Unavailable(format!("/metrics: {e}")))?;
+        Ok(Buckets::parse(&text))
     }
 
     /// Commits each flow and compares its table with its oracle; the first
@@ -489,7 +514,7 @@ fn print_header() {
     );
     println!("{header}");
     println!(
-        "(RSS, fds, threads, log, metadata, snapshots, files and warehouse: each row's peak over its window, read every {PEEK:?})"
+        "(p50/p99: the commits of the row's window, from the service's commit histogram; RSS, fds, threads, log, metadata, snapshots, files and warehouse: each row's peak over its window, read every {PEEK:?})"
     );
 }
 
@@ -624,8 +649,6 @@ async fn sample(
                 .unwrap_or(0.0)
         };
         s.commits += num(&["commits"]) as u64;
-        s.p50 = s.p50.max(num(&["recent_commit_ms_p50"]));
-        s.p99 = s.p99.max(num(&["recent_commit_ms_p99"]));
         s.log_mib += num(&["wal", "bytes"]) / (1 << 20) as f64;
         s.pending_kib += num(&["pending_bytes"]) / 1024.0;
         let ident = parse_table_ident("soak", &format!("soak.{name}"))?;
