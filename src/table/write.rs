@@ -318,31 +318,43 @@ pub fn layout(
     Ok(out)
 }
 
-/// Files written at once by `write_layout`: the machine's cores, at most 4.
-fn write_parallelism() -> usize {
+/// Files written at once on a local disk: the machine's cores, at most 4
+/// (each file is encoding on a core; ext4 serializes the creates anyway).
+fn local_writes() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
 
-/// Writes the files of a layout, several at once (each on a runtime
-/// worker), and returns them in the layout's order.
-pub async fn write_layout(
-    file_io: &FileIO,
-    schema: SchemaRef,
-    spec_id: i32,
-    files: Vec<PlannedFile>,
-    used: FileUse,
-) -> Result<Vec<DataFile>> {
+/// Files written at once to an object store, where a file's time is mostly
+/// waiting for its PUT: more in flight hides that wait (a partitioned commit
+/// of small files on SeaweedFS, 2,500 files over 10 commits: 2.5 s two at
+/// once, 2.0 s at 8, 1.8 s at 16). Each holds its rows encoded until its
+/// upload ends, so big files go fewer at once (`IN_FLIGHT_ROWS`).
+const OBJECT_STORE_WRITES: usize = 16;
+
+/// Rows an object store's writes hold at once beyond the local number of
+/// writes: one row group's worth.
+const IN_FLIGHT_ROWS: usize = ROW_GROUP_ROWS;
+
+/// How many files to write at once under `path` (any of them), the
+/// largest of `max_rows` rows.
+fn write_parallelism(path: &str, max_rows: usize) -> usize {
+    match path.split_once("://") {
+        Some((scheme, _)) if scheme != "file" => {
+            (IN_FLIGHT_ROWS / max_rows.max(1)).clamp(local_writes(), OBJECT_STORE_WRITES)
+        }
+        _ => local_writes(),
+    }
+}
+
+/// Runs `writes` (each writes one file) `at_once` at a time, each on a
+/// runtime worker, and answers their files in order.
+async fn write_all<T: Send + 'static>(
+    writes: Vec<impl std::future::Future<Output = Result<T>> + Send + 'static>,
+    at_once: usize,
+) -> Result<Vec<T>> {
     use futures::StreamExt;
-    let tasks = files.into_iter().map(|f| {
-        let (file_io, schema) = (file_io.clone(), schema.clone());
-        let task = tokio::spawn(async move {
-            write_parquet(&file_io, f.path, schema, &[f.rows], used)
-                .await?
-                .partition_spec_id(spec_id)
-                .partition(f.partition)
-                .build()
-                .map_err(builder_err)
-        });
+    let tasks = writes.into_iter().map(|w| {
+        let task = tokio::spawn(w);
         async move {
             match task.await {
                 Ok(written) => written,
@@ -350,17 +362,47 @@ pub async fn write_layout(
                 // commit runs, as if the file were written there.
                 Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                 Err(e) => {
-                    Err(std::io::Error::other(format!("a data file's writer stopped: {e}")).into())
+                    Err(std::io::Error::other(format!("a file's writer stopped: {e}")).into())
                 }
             }
         }
     });
     futures::stream::iter(tasks)
-        .buffered(write_parallelism())
-        .collect::<Vec<Result<DataFile>>>()
+        .buffered(at_once.max(1))
+        .collect::<Vec<Result<T>>>()
         .await
         .into_iter()
         .collect()
+}
+
+/// Writes the files of a layout, several at once, and returns them in the
+/// layout's order.
+pub async fn write_layout(
+    file_io: &FileIO,
+    schema: SchemaRef,
+    spec_id: i32,
+    files: Vec<PlannedFile>,
+    used: FileUse,
+) -> Result<Vec<DataFile>> {
+    let max_rows = files.iter().map(|f| f.rows.num_rows()).max().unwrap_or(0);
+    let at_once = files
+        .first()
+        .map_or(1, |f| write_parallelism(&f.path, max_rows));
+    let writes = files
+        .into_iter()
+        .map(|f| {
+            let (file_io, schema) = (file_io.clone(), schema.clone());
+            async move {
+                write_parquet(&file_io, f.path, schema, &[f.rows], used)
+                    .await?
+                    .partition_spec_id(spec_id)
+                    .partition(f.partition)
+                    .build()
+                    .map_err(builder_err)
+            }
+        })
+        .collect();
+    write_all(writes, at_once).await
 }
 
 /// Writes `batch` (already in the table's Arrow schema) as data files of
@@ -415,17 +457,29 @@ fn position_delete_schema() -> Result<Schema> {
         .build()?)
 }
 
-/// One position-delete file for `(path, pos)` pairs, which it sorts. All
-/// the paths are data files of `partition` (of spec `spec_id`), whose
-/// directory is `dir`.
-pub async fn position_delete_file(
-    file_io: &FileIO,
+/// A delete file of a commit, its rows made and not yet written:
+/// `write_deletes` writes a commit's several at once (a partitioned commit
+/// has one or two per partition it touches).
+pub struct PlannedDelete {
+    path: String,
+    spec_id: i32,
+    partition: Struct,
+    schema: SchemaRef,
+    rows: RecordBatch,
+    /// The equality columns' field ids; none for position deletes.
+    equality_ids: Option<Vec<i32>>,
+}
+
+/// The position-delete file for `(path, pos)` pairs, which it sorts (none
+/// for none). All the paths are data files of `partition` (of spec
+/// `spec_id`), whose directory is `dir`.
+pub fn position_deletes(
     namer: &mut FileNamer,
     spec_id: i32,
     partition: &Struct,
     dir: &str,
     mut deletes: Vec<(&str, u32)>,
-) -> Result<Option<DataFile>> {
+) -> Result<Option<PlannedDelete>> {
     if deletes.is_empty() {
         return Ok(None);
     }
@@ -438,30 +492,38 @@ pub async fn position_delete_file(
     let arrow = Arc::new(schema_to_arrow_schema(&schema)?);
     let paths = StringArray::from_iter_values(deletes.iter().map(|d| d.0));
     let pos = Int64Array::from_iter_values(deletes.iter().map(|d| d.1 as i64));
-    let batch = RecordBatch::try_new(arrow, vec![Arc::new(paths), Arc::new(pos)])?;
-    let mut b = write_parquet(
-        file_io,
-        namer.next_in(dir, "pos-deletes"),
+    let rows = RecordBatch::try_new(arrow, vec![Arc::new(paths), Arc::new(pos)])?;
+    Ok(Some(PlannedDelete {
+        path: namer.next_in(dir, "pos-deletes"),
+        spec_id,
+        partition: partition.clone(),
         schema,
-        &[batch],
-        FileUse::Table,
-    )
-    .await?;
-    Ok(Some(
-        b.content(DataContentType::PositionDeletes)
-            .partition_spec_id(spec_id)
-            .partition(partition.clone())
-            .build()
-            .map_err(builder_err)?,
-    ))
+        rows,
+        equality_ids: None,
+    }))
 }
 
-/// One equality-delete file on the key columns `key_names` (whose arrays,
-/// in the same order, are `key_cols`), for rows `rows` of those arrays,
-/// applying to data files of `partition` (of spec `spec_id`, directory `dir`).
-#[allow(clippy::too_many_arguments)]
-pub async fn equality_delete_file(
+/// One position-delete file for `(path, pos)` pairs, written now
+/// (`position_deletes`).
+pub async fn position_delete_file(
     file_io: &FileIO,
+    namer: &mut FileNamer,
+    spec_id: i32,
+    partition: &Struct,
+    dir: &str,
+    deletes: Vec<(&str, u32)>,
+) -> Result<Option<DataFile>> {
+    let planned = position_deletes(namer, spec_id, partition, dir, deletes)?;
+    let mut written = write_deletes(file_io, planned.into_iter().collect()).await?;
+    Ok(written.pop().map(|(_, f)| f))
+}
+
+/// The equality-delete file on the key columns `key_names` (whose arrays,
+/// in the same order, are `key_cols`) for rows `rows` of those arrays,
+/// applying to data files of `partition` (of spec `spec_id`, directory
+/// `dir`); none for no rows.
+#[allow(clippy::too_many_arguments)]
+pub fn equality_deletes(
     namer: &mut FileNamer,
     table_schema: &Schema,
     spec_id: i32,
@@ -470,7 +532,7 @@ pub async fn equality_delete_file(
     key_names: &[&str],
     key_cols: &[ArrayRef],
     rows: &[u32],
-) -> Result<Option<DataFile>> {
+) -> Result<Option<PlannedDelete>> {
     if rows.is_empty() {
         return Ok(None);
     }
@@ -500,23 +562,49 @@ pub async fn equality_delete_file(
             )?)
         })
         .collect::<Result<Vec<_>>>()?;
-    let batch = RecordBatch::try_new(arrow, cols)?;
-    let mut b = write_parquet(
-        file_io,
-        namer.next_in(dir, "eq-deletes"),
+    Ok(Some(PlannedDelete {
+        path: namer.next_in(dir, "eq-deletes"),
+        spec_id,
+        partition: partition.clone(),
         schema,
-        &[batch],
-        FileUse::Table,
-    )
-    .await?;
-    Ok(Some(
-        b.content(DataContentType::EqualityDeletes)
-            .equality_ids(Some(ids))
-            .partition_spec_id(spec_id)
-            .partition(partition.clone())
-            .build()
-            .map_err(builder_err)?,
-    ))
+        rows: RecordBatch::try_new(arrow, cols)?,
+        equality_ids: Some(ids),
+    }))
+}
+
+/// Writes a commit's delete files, several at once, and answers each with
+/// its spec id, in their order.
+pub async fn write_deletes(
+    file_io: &FileIO,
+    files: Vec<PlannedDelete>,
+) -> Result<Vec<(i32, DataFile)>> {
+    let max_rows = files.iter().map(|f| f.rows.num_rows()).max().unwrap_or(0);
+    let at_once = files
+        .first()
+        .map_or(1, |f| write_parallelism(&f.path, max_rows));
+    let writes = files
+        .into_iter()
+        .map(|f| {
+            let file_io = file_io.clone();
+            async move {
+                let mut b =
+                    write_parquet(&file_io, f.path, f.schema, &[f.rows], FileUse::Table).await?;
+                match f.equality_ids {
+                    None => b.content(DataContentType::PositionDeletes),
+                    Some(ids) => b
+                        .content(DataContentType::EqualityDeletes)
+                        .equality_ids(Some(ids)),
+                };
+                let file = b
+                    .partition_spec_id(f.spec_id)
+                    .partition(f.partition)
+                    .build()
+                    .map_err(builder_err)?;
+                Ok((f.spec_id, file))
+            }
+        })
+        .collect();
+    write_all(writes, at_once).await
 }
 
 /// Writes each non-empty batch as its own file, all at once (the state
@@ -615,4 +703,28 @@ pub fn to_schema(
         })
         .collect::<std::result::Result<Vec<ArrayRef>, String>>()?;
     RecordBatch::try_new(arrow.clone(), cols).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{IN_FLIGHT_ROWS, OBJECT_STORE_WRITES, local_writes, write_parallelism};
+
+    #[test]
+    fn object_stores_write_small_files_more_at_once_than_a_local_disk() {
+        let local = local_writes();
+        assert!((1..=4).contains(&local));
+        for rows in [1, 5_000, IN_FLIGHT_ROWS * 4] {
+            assert_eq!(write_parallelism("/w/db/t/data/a.parquet", rows), local);
+            assert_eq!(
+                write_parallelism("file:///w/db/t/data/a.parquet", rows),
+                local
+            );
+        }
+        let s3 = |rows| write_parallelism("s3://bucket/w/db/t/data/a.parquet", rows);
+        assert_eq!(s3(5_000), OBJECT_STORE_WRITES);
+        assert_eq!(s3(IN_FLIGHT_ROWS / 4), 4.max(local));
+        // Files of a row group or more: no more at once than on a disk.
+        assert_eq!(s3(IN_FLIGHT_ROWS), local);
+        assert_eq!(s3(IN_FLIGHT_ROWS * 8), local);
+    }
 }

@@ -56,6 +56,7 @@ impl Engine {
             })
             .collect();
         let all_rows: Vec<u32> = (0..remove_rows.num_rows() as u32).collect();
+        // Every file is made first, then all are written, several at once.
         let mut out = Vec::new();
         if !partitioned {
             let pos: Vec<(&str, u32)> = remove_positions
@@ -63,12 +64,11 @@ impl Engine {
                 .map(|l| (self.state.files().path(l.file), l.pos))
                 .collect();
             let none = Struct::empty();
-            let pos = write::position_delete_file(file_io, namer, spec_id, &none, "", pos).await?;
-            let eq = write::equality_delete_file(
-                file_io, namer, schema, spec_id, &none, "", &key_names, &key_cols, &all_rows,
-            )
-            .await?;
-            return Ok(pos.into_iter().chain(eq).map(|f| (spec_id, f)).collect());
+            let pos = write::position_deletes(namer, spec_id, &none, "", pos)?;
+            let eq = write::equality_deletes(
+                namer, schema, spec_id, &none, "", &key_names, &key_cols, &all_rows,
+            )?;
+            return write::write_deletes(file_io, pos.into_iter().chain(eq).collect()).await;
         }
         let empty = HashMap::new();
         let parts = self.file_partitions.as_ref().unwrap_or(&empty);
@@ -101,18 +101,14 @@ impl Engine {
                 .push((path, l.pos));
         }
         for ((spec, part), (dir, pos)) in by_part {
-            if let Some(f) =
-                write::position_delete_file(file_io, namer, spec, part, &dir, pos).await?
-            {
-                out.push((spec, f));
-            }
+            out.extend(write::position_deletes(namer, spec, part, &dir, pos)?);
         }
 
         // Equality deletes: in the default spec, in the key's own partition
         // when keys alone decide it; everywhere else, in every partition
         // that has data files.
         if remove_rows.num_rows() == 0 {
-            return Ok(out);
+            return write::write_deletes(file_io, out).await;
         }
         let mut groups: Vec<(i32, Struct, String, Vec<u32>)> = Vec::new();
         let with_files: std::collections::HashSet<(i32, &Struct)> =
@@ -142,15 +138,11 @@ impl Engine {
             }
         }
         for (spec, part, dir, rows) in groups {
-            if let Some(f) = write::equality_delete_file(
-                file_io, namer, schema, spec, &part, &dir, &key_names, &key_cols, &rows,
-            )
-            .await?
-            {
-                out.push((spec, f));
-            }
+            out.extend(write::equality_deletes(
+                namer, schema, spec, &part, &dir, &key_names, &key_cols, &rows,
+            )?);
         }
-        Ok(out)
+        write::write_deletes(file_io, out).await
     }
 
     /// The columns an equality delete matches on: the keys, and for SCD Type 2
