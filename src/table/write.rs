@@ -346,6 +346,14 @@ fn write_parallelism(path: &str, max_rows: usize) -> usize {
     }
 }
 
+/// How many of these files (path, rows) to write at once.
+fn at_once<'a>(mut files: impl Iterator<Item = (&'a str, usize)>) -> usize {
+    let Some((path, rows)) = files.next() else {
+        return 1;
+    };
+    write_parallelism(path, files.map(|f| f.1).fold(rows, usize::max))
+}
+
 /// Runs `writes` (each writes one file) `at_once` at a time, each on a
 /// runtime worker, and answers their files in order.
 async fn write_all<T: Send + 'static>(
@@ -384,10 +392,7 @@ pub async fn write_layout(
     files: Vec<PlannedFile>,
     used: FileUse,
 ) -> Result<Vec<DataFile>> {
-    let max_rows = files.iter().map(|f| f.rows.num_rows()).max().unwrap_or(0);
-    let at_once = files
-        .first()
-        .map_or(1, |f| write_parallelism(&f.path, max_rows));
+    let at_once = at_once(files.iter().map(|f| (f.path.as_str(), f.rows.num_rows())));
     let writes = files
         .into_iter()
         .map(|f| {
@@ -578,10 +583,7 @@ pub async fn write_deletes(
     file_io: &FileIO,
     files: Vec<PlannedDelete>,
 ) -> Result<Vec<(i32, DataFile)>> {
-    let max_rows = files.iter().map(|f| f.rows.num_rows()).max().unwrap_or(0);
-    let at_once = files
-        .first()
-        .map_or(1, |f| write_parallelism(&f.path, max_rows));
+    let at_once = at_once(files.iter().map(|f| (f.path.as_str(), f.rows.num_rows())));
     let writes = files
         .into_iter()
         .map(|f| {
