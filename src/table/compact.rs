@@ -627,6 +627,8 @@ pub async fn rewrite(
         .filter(|d| !out.removed.contains(d.path()))
         .map(|d| (d.path(), d.seq))
         .collect();
+    // The merged files are made first, then written several at once.
+    let mut merged = Vec::new();
     for group in &sel.merge_pos {
         let mut entries: Vec<(&str, u32)> = Vec::new();
         let first = &inv.pos_deletes[group[0]];
@@ -651,19 +653,16 @@ pub async fn rewrite(
         entries.sort_unstable();
         entries.dedup();
         let dir = write::partition_dir(namer.location(), first.path());
-        if let Some(f) = write::position_delete_file(
-            file_io,
+        merged.extend(write::position_deletes(
             namer,
             first.spec_id,
             first.file.partition(),
             &dir,
             entries,
-        )
-        .await?
-        {
-            out.deletes.push((first.spec_id, f));
-        }
+        )?);
     }
+    out.deletes
+        .extend(write::write_deletes(file_io, merged).await?);
     Ok(out)
 }
 

@@ -508,21 +508,6 @@ pub fn position_deletes(
     }))
 }
 
-/// One position-delete file for `(path, pos)` pairs, written now
-/// (`position_deletes`).
-pub async fn position_delete_file(
-    file_io: &FileIO,
-    namer: &mut FileNamer,
-    spec_id: i32,
-    partition: &Struct,
-    dir: &str,
-    deletes: Vec<(&str, u32)>,
-) -> Result<Option<DataFile>> {
-    let planned = position_deletes(namer, spec_id, partition, dir, deletes)?;
-    let mut written = write_deletes(file_io, planned.into_iter().collect()).await?;
-    Ok(written.pop().map(|(_, f)| f))
-}
-
 /// The equality-delete file on the key columns `key_names` (whose arrays,
 /// in the same order, are `key_cols`) for rows `rows` of those arrays,
 /// applying to data files of `partition` (of spec `spec_id`, directory
