@@ -175,7 +175,7 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         a.events, a.keys, a.batch_rows, a.connections, a.commit_interval
     );
     println!(
-        "{:<8} {:>14} {:>14} {:>10} {:>10} {:>12} {:>9} {:>13}",
+        "{:<8} {:>14} {:>14} {:>10} {:>10} {:>12} {:>9} {:>13} {:>13} {:>13}",
         "format",
         "acked ev/s",
         "committed ev/s",
@@ -183,7 +183,9 @@ pub async fn run(a: LoadArgs) -> Result<()> {
         "p99 ms",
         "commit lag",
         "429s",
-        "server µs/ev"
+        "server µs/ev",
+        "client µs/ev",
+        "decode µs/ev"
     );
     let server_pid = server.id().to_string();
     for f in &formats {
@@ -224,6 +226,7 @@ async fn run_format(
             .map(bytes::Bytes::from)
         })
         .collect::<Result<_>>()?;
+    let decode = decode_cost(f, &bodies)?;
     let bodies = Arc::new(bodies);
     let (ctype, url) = match f {
         "ndjson" => (
@@ -238,7 +241,9 @@ async fn run_format(
     };
     let next = Arc::new(AtomicUsize::new(0));
     let throttled = Arc::new(AtomicUsize::new(0));
+    let me = std::process::id().to_string();
     let cpu_before = cpu_seconds_of(server_pid);
+    let client_before = cpu_seconds_of(&me);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..a.connections.max(1) {
@@ -274,12 +279,16 @@ async fn run_format(
     let ev = a.events as f64;
     // The server's CPU time per event, from receiving to committing:
     // what the format costs whatever else runs on the machine.
-    let cpu = match (cpu_before, cpu_seconds_of(server_pid)) {
+    let per_event = |before: Option<f64>, pid: &str| match (before, cpu_seconds_of(pid)) {
         (Some(b), Some(e)) => format!("{:.2}", (e - b) / ev * 1e6),
         _ => "-".into(),
     };
+    let cpu = per_event(cpu_before, server_pid);
+    // The client's own (sending, on the same cores): what the figures
+    // above include that a remote producer would not cost this machine.
+    let client_cpu = per_event(client_before, &me);
     println!(
-        "{:<8} {:>14.0} {:>14.0} {:>10.1} {:>10.1} {:>10.0}ms {:>9} {:>13}",
+        "{:<8} {:>14.0} {:>14.0} {:>10.1} {:>10.1} {:>10.0}ms {:>9} {:>13} {:>13} {:>13.2}",
         f,
         ev / acked.as_secs_f64(),
         ev / committed.as_secs_f64(),
@@ -287,9 +296,51 @@ async fn run_format(
         pct(&lat, 0.99),
         (committed - acked).as_secs_f64() * 1e3,
         throttled.load(Ordering::Relaxed),
-        cpu
+        cpu,
+        client_cpu,
+        decode
     );
     Ok(())
+}
+
+/// The CPU time per event of reading `bodies` as the server reads format
+/// `f` (to the flow's rows, checked; not logged), in this process, one
+/// body after another: the format's own cost, apart from the network, the
+/// log and the commit, and steadier than the server's figure.
+fn decode_cost(f: &str, bodies: &[bytes::Bytes]) -> Result<f64> {
+    let flow = Flow::new(load_flow(f)?)?;
+    let limits = input::Limits {
+        max_rows: usize::MAX,
+        max_value_bytes: usize::MAX,
+    };
+    let me = std::process::id().to_string();
+    let before = cpu_seconds_of(&me);
+    let mut rows = 0;
+    for body in bodies {
+        let batch = match f {
+            "ndjson" => input::decode_ndjson(&flow, body, limits)?,
+            "debezium" => {
+                let flows = std::slice::from_ref(&flow);
+                let (mut routed, _) = crate::service::debezium::route(
+                    flows,
+                    input::BodyFormat::JsonArray,
+                    body,
+                    limits,
+                )?;
+                routed.pop().map_or_else(
+                    || Ok(RecordBatch::new_empty(flow.source_arrow.clone())),
+                    |r| r.1,
+                )?
+            }
+            _ => input::decode_arrow_ipc(&flow, body, limits)?,
+        };
+        crate::core::resolve::validate(&flow, &batch)?;
+        rows += batch.num_rows();
+    }
+    Ok(match (before, cpu_seconds_of(&me)) {
+        (Some(b), Some(e)) if rows > 0 => (e - b) / rows as f64 * 1e6,
+        _ => f64::NAN,
+    })
 }
 
 /// User and system CPU seconds process `pid` has used (Linux; else none).
