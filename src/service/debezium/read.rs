@@ -250,7 +250,43 @@ impl<'a> Source<'a> {
         debezium::source_pos(&|k| self.value(k))
     }
 
-    /// Field `k`'s place (the fields read, as `scan::SOURCE` lists them).
+    /// The fields read, in this struct's order (`scan::source_field`
+    /// gives each name's place).
+    fn from_fields(f: [Option<Raw<'a>>; 13]) -> Source<'a> {
+        let [
+            connector,
+            schema,
+            db,
+            table,
+            snapshot,
+            sequence,
+            lsn,
+            file,
+            pos,
+            row,
+            commit_lsn,
+            change_lsn,
+            event_serial_no,
+        ] = f;
+        Source {
+            connector,
+            schema,
+            db,
+            table,
+            snapshot,
+            sequence,
+            lsn,
+            file,
+            pos,
+            row,
+            commit_lsn,
+            change_lsn,
+            event_serial_no,
+            inferred: None,
+        }
+    }
+
+    /// Field `k`'s place.
     fn slot(&mut self, k: &str) -> Option<&mut Option<Raw<'a>>> {
         Some(match k {
             "connector" => &mut self.connector,

@@ -26,22 +26,27 @@ const MAX_DEPTH: usize = 64;
 /// Where a part is in the body: [start, end).
 type Span = (usize, usize);
 
-/// The `source` fields read (`Source::slot` has a place for each).
-const SOURCE: [&str; 13] = [
-    "connector",
-    "schema",
-    "db",
-    "table",
-    "snapshot",
-    "sequence",
-    "lsn",
-    "file",
-    "pos",
-    "row",
-    "commit_lsn",
-    "change_lsn",
-    "event_serial_no",
-];
+/// The place of a `source` field read in `Source::from_fields`' array (its
+/// order is `Source`'s); `None` for the fields not read. One match on the
+/// key's bytes: a key is compared with the names of its length only.
+fn source_field(key: &[u8]) -> Option<usize> {
+    Some(match key {
+        b"connector" => 0,
+        b"schema" => 1,
+        b"db" => 2,
+        b"table" => 3,
+        b"snapshot" => 4,
+        b"sequence" => 5,
+        b"lsn" => 6,
+        b"file" => 7,
+        b"pos" => 8,
+        b"row" => 9,
+        b"commit_lsn" => 10,
+        b"change_lsn" => 11,
+        b"event_serial_no" => 12,
+        _ => return None,
+    })
+}
 
 /// `Parts`, by where each is in the body.
 #[derive(Default)]
@@ -102,11 +107,11 @@ impl Found {
         };
         let source = match self.source {
             Some(Some(spans)) => {
-                let mut src = Source::default();
-                for (name, span) in SOURCE.iter().zip(spans) {
-                    *src.slot(name)? = raw(span)?;
+                let mut fields = [None; 13];
+                for (field, span) in fields.iter_mut().zip(spans) {
+                    *field = raw(span)?;
                 }
-                Some(src.origin())
+                Some(Source::from_fields(fields).origin())
             }
             _ => None,
         };
@@ -343,12 +348,9 @@ impl<'a> Scan<'a> {
             return Some(None);
         }
         let mut fields = [None; 13];
-        self.object(|s, key| {
-            let key = s.text(key);
-            match SOURCE.iter().position(|k| k.as_bytes() == key) {
-                Some(f) => once(&mut fields[f], s.raw(2)?),
-                None => s.skip(2),
-            }
+        self.object(|s, key| match source_field(s.text(key)) {
+            Some(f) => once(&mut fields[f], s.raw(2)?),
+            None => s.skip(2),
         })?;
         Some(Some(fields))
     }
