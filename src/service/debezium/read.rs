@@ -1,15 +1,16 @@
 //! Reading a body of Debezium events in one pass, borrowed from the body:
-//! the envelope's parts (`Parts`), the source block (`Source`), row images
-//! (`Image`, `Fields`), value schemas read once per body (`Schemas`, whose
-//! repeated text is skipped by its bytes), and the `Change`s they make.
-//! Turning changes into a flow's rows is the parent module.
+//! the envelope's parts (`Parts`) and the `Change`s they make, element by
+//! element (`read_body`). Its rooms: the source block and the tables it
+//! names (`source`), row images (`images`), value schemas read once per
+//! body (`schemas`, whose repeated text is skipped by its bytes), and the
+//! hand-written reading of the common payload (`scan`). Turning changes
+//! into a flow's rows is the parent module.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::de::Deserializer;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -18,7 +19,16 @@ use crate::core::debezium::{self, Op, Position};
 use crate::error::{Error, Result, codes};
 use crate::service::input::body::{BodyFormat, Limits};
 
+mod images;
 mod scan;
+mod schemas;
+mod source;
+
+use images::image;
+pub(super) use images::{Fields, Image};
+pub(super) use schemas::RowSchema;
+use schemas::{EventSchema, Schemas};
+use source::{Origin, Source, Tables, origin};
 
 /// One change event of a body, its parts borrowed from the body.
 #[derive(Debug)]
@@ -86,38 +96,6 @@ impl<'a> Change<'a> {
     }
 }
 
-/// The tables of one body's events, each named once: the text of its
-/// `source` namespace and table fields, and the name they make.
-#[derive(Default)]
-struct Tables<'a> {
-    seen: Vec<([&'a str; 3], Arc<str>)>,
-}
-
-/// Distinct tables remembered per body (the others are named per event).
-const MAX_TABLES: usize = 64;
-
-impl<'a> Tables<'a> {
-    /// `schema.table` (`db.table` without a schema); empty when `source`
-    /// names no table.
-    fn name(&mut self, source: &Origin<'a>) -> Arc<str> {
-        let [schema, db, table] = source.names;
-        let raw = |r: Option<Raw<'a>>| r.map_or("", Raw::get);
-        let key = [raw(schema), raw(db), raw(table)];
-        if let Some((_, name)) = self.seen.iter().find(|(k, _)| *k == key) {
-            return name.clone();
-        }
-        let text = |r: Option<Raw<'a>>| r.and_then(string).filter(|s| !s.is_empty());
-        let name: Arc<str> = match (text(schema).or(text(db)), text(table)) {
-            (Some(ns), Some(t)) => format!("{ns}.{t}").into(),
-            _ => "".into(),
-        };
-        if self.seen.len() < MAX_TABLES {
-            self.seen.push((key, name.clone()));
-        }
-        name
-    }
-}
-
 /// A JSON value's text as it stands in the body (read as JSON, so valid).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Raw<'a>(&'a str);
@@ -176,155 +154,6 @@ impl Parts<'_> {
     }
 }
 
-/// An event's `source` block: the fields its table and its position are
-/// read from.
-#[derive(Deserialize, Default, Debug, Clone, Copy)]
-struct Source<'a> {
-    #[serde(borrow, default, deserialize_with = "present")]
-    connector: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    schema: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    db: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    table: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    snapshot: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    sequence: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    lsn: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    file: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    pos: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    row: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    commit_lsn: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    change_lsn: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    event_serial_no: Option<Raw<'a>>,
-    /// A flattened event's connector, told by its position fields when it
-    /// does not name one.
-    #[serde(skip)]
-    inferred: Option<&'static str>,
-}
-
-/// What a reader keeps of a `source` block: the fields that name its
-/// table (schema, db, table), its snapshot marker, and the place it gives
-/// its events in the source's order (or why it gives none).
-#[derive(Debug)]
-struct Origin<'a> {
-    names: [Option<Raw<'a>>; 3],
-    snapshot: Option<Raw<'a>>,
-    pos: std::result::Result<[i64; 4], String>,
-}
-
-/// A `source` block present in an event, kept as its `Origin`.
-fn origin<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Origin<'de>>, D::Error> {
-    Ok(Option::<Source<'de>>::deserialize(d)?.map(|s| s.origin()))
-}
-
-impl<'a> Source<'a> {
-    fn origin(&self) -> Origin<'a> {
-        Origin {
-            names: [self.schema, self.db, self.table],
-            snapshot: self.snapshot,
-            pos: self.position(),
-        }
-    }
-
-    /// Where this source's events sit in its order (`core::debezium::at`
-    /// adds each event's op).
-    fn position(&self) -> std::result::Result<[i64; 4], String> {
-        // PostgreSQL's usual form, read without building values.
-        if self.is_postgres()
-            && let Some((last, Some(lsn))) = self
-                .sequence
-                .and_then(|s| debezium::postgres_sequence(s.get()))
-        {
-            return Ok(debezium::postgres_pos(last.unwrap_or(0), lsn));
-        }
-        debezium::source_pos(&|k| self.value(k))
-    }
-
-    /// The fields read, in this struct's order (`scan::source_field`
-    /// gives each name's place).
-    fn from_fields(f: [Option<Raw<'a>>; 13]) -> Source<'a> {
-        let [
-            connector,
-            schema,
-            db,
-            table,
-            snapshot,
-            sequence,
-            lsn,
-            file,
-            pos,
-            row,
-            commit_lsn,
-            change_lsn,
-            event_serial_no,
-        ] = f;
-        Source {
-            connector,
-            schema,
-            db,
-            table,
-            snapshot,
-            sequence,
-            lsn,
-            file,
-            pos,
-            row,
-            commit_lsn,
-            change_lsn,
-            event_serial_no,
-            inferred: None,
-        }
-    }
-
-    /// Field `k`'s place.
-    fn slot(&mut self, k: &str) -> Option<&mut Option<Raw<'a>>> {
-        Some(match k {
-            "connector" => &mut self.connector,
-            "schema" => &mut self.schema,
-            "db" => &mut self.db,
-            "table" => &mut self.table,
-            "snapshot" => &mut self.snapshot,
-            "sequence" => &mut self.sequence,
-            "lsn" => &mut self.lsn,
-            "file" => &mut self.file,
-            "pos" => &mut self.pos,
-            "row" => &mut self.row,
-            "commit_lsn" => &mut self.commit_lsn,
-            "change_lsn" => &mut self.change_lsn,
-            "event_serial_no" => &mut self.event_serial_no,
-            _ => return None,
-        })
-    }
-
-    fn raw(&self, k: &str) -> Option<Raw<'a>> {
-        let mut copy = *self;
-        copy.slot(k).and_then(|v| *v)
-    }
-
-    /// Field `k` as a JSON value (what `core::debezium::position_of` reads).
-    fn value(&self, k: &str) -> Option<Value> {
-        match (k, self.raw(k), self.inferred) {
-            ("connector", None, Some(c)) => Some(Value::String(c.into())),
-            (_, raw, _) => serde_json::from_str(raw?.get()).ok(),
-        }
-    }
-
-    fn is_postgres(&self) -> bool {
-        self.connector.map(Raw::get) == Some("\"postgresql\"")
-            || (self.connector.is_none() && self.inferred == Some("postgresql"))
-    }
-}
-
 /// A JSON string's text, borrowed unless it has escapes.
 fn string(raw: Raw<'_>) -> Option<Cow<'_, str>> {
     // `raw` is JSON already: a string without escapes is what its quotes hold.
@@ -341,223 +170,6 @@ fn string(raw: Raw<'_>) -> Option<Cow<'_, str>> {
         Err(_) => serde_json::from_str::<String>(raw.get())
             .ok()
             .map(Cow::Owned),
-    }
-}
-
-/// The fields of a row image, in order, values unread.
-#[derive(Debug)]
-pub(super) struct Fields<'a>(pub(super) Vec<(Cow<'a, str>, Raw<'a>)>);
-
-impl<'de> Deserialize<'de> for Fields<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        struct Map;
-        impl<'de> Visitor<'de> for Map {
-            type Value = Fields<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: MapAccess<'de>>(
-                self,
-                m: A,
-            ) -> std::result::Result<Fields<'de>, A::Error> {
-                Fields::visit(m)
-            }
-        }
-        d.deserialize_map(Map)
-    }
-}
-
-impl<'de> Fields<'de> {
-    fn visit<A: MapAccess<'de>>(mut m: A) -> std::result::Result<Fields<'de>, A::Error> {
-        #[derive(Deserialize)]
-        struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
-        let mut out = Vec::with_capacity(m.size_hint().unwrap_or(8).min(256));
-        while let Some(Key(k)) = m.next_key()? {
-            let v: Raw<'de> = m.next_value()?;
-            out.push((k, v));
-        }
-        Ok(Fields(out))
-    }
-}
-
-/// A row image (`before`, `after`): its fields, or what it is instead.
-#[derive(Debug)]
-pub(super) enum Image<'a> {
-    Row(Fields<'a>),
-    /// Not an object: its kind, for errors.
-    Not(&'static str),
-}
-
-/// An image present in an event (null too: `Image::Not("null")`).
-fn image<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Image<'de>>, D::Error> {
-    struct Any;
-    impl<'de> Visitor<'de> for Any {
-        type Value = Image<'de>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a row image")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, m: A) -> std::result::Result<Image<'de>, A::Error> {
-            Fields::visit(m).map(Image::Row)
-        }
-        fn visit_unit<E>(self) -> std::result::Result<Image<'de>, E> {
-            Ok(Image::Not("null"))
-        }
-        fn visit_bool<E>(self, _: bool) -> std::result::Result<Image<'de>, E> {
-            Ok(Image::Not("a boolean"))
-        }
-        fn visit_i64<E>(self, _: i64) -> std::result::Result<Image<'de>, E> {
-            Ok(Image::Not("a number"))
-        }
-        fn visit_u64<E>(self, _: u64) -> std::result::Result<Image<'de>, E> {
-            Ok(Image::Not("a number"))
-        }
-        fn visit_f64<E>(self, _: f64) -> std::result::Result<Image<'de>, E> {
-            Ok(Image::Not("a number"))
-        }
-        fn visit_str<E>(self, _: &str) -> std::result::Result<Image<'de>, E> {
-            Ok(Image::Not("a string"))
-        }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(
-            self,
-            mut s: A,
-        ) -> std::result::Result<Image<'de>, A::Error> {
-            while s.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-            Ok(Image::Not("an array"))
-        }
-    }
-    d.deserialize_any(Any).map(Some)
-}
-
-/// What an event's value schema says about its rows: each field's Kafka
-/// Connect schema by name, and whether it is no change at all.
-#[derive(Debug, Default)]
-struct EventSchema {
-    /// A heartbeat or transaction metadata schema.
-    not_a_change: bool,
-    before: RowSchema,
-    after: RowSchema,
-}
-
-/// The fields of a row in a value schema, in the schema's order (the order
-/// Debezium writes a row's fields in), each with its Connect schema.
-#[derive(Debug, Default)]
-pub(super) struct RowSchema {
-    fields: Vec<(String, Value)>,
-    index: HashMap<String, usize>,
-}
-
-impl RowSchema {
-    fn of(fields: Option<&Vec<Value>>) -> RowSchema {
-        let fields: Vec<(String, Value)> = fields
-            .into_iter()
-            .flatten()
-            .filter_map(|f| Some((f.get("field")?.as_str()?.to_string(), f.clone())))
-            .collect();
-        let index = fields
-            .iter()
-            .enumerate()
-            .map(|(i, (n, _))| (n.clone(), i))
-            .collect();
-        RowSchema { fields, index }
-    }
-
-    /// Each field's name and Connect schema, in the schema's order.
-    pub(super) fn fields(&self) -> impl Iterator<Item = (&str, &Value)> {
-        self.fields.iter().map(|(n, v)| (n.as_str(), v))
-    }
-
-    pub(super) fn get(&self, name: &str) -> Option<&Value> {
-        self.index.get(name).map(|&i| &self.fields[i].1)
-    }
-}
-
-impl EventSchema {
-    fn read(raw: &str) -> EventSchema {
-        let Ok(schema) = serde_json::from_str::<Value>(raw) else {
-            return EventSchema::default();
-        };
-        let not_a_change = schema
-            .get("name")
-            .and_then(Value::as_str)
-            .is_some_and(|n| n.ends_with("Heartbeat") || n.ends_with("TransactionMetadataValue"));
-        let fields = schema.get("fields").and_then(Value::as_array);
-        let nested = |which: &str| {
-            fields?
-                .iter()
-                .find(|f| f.get("field").and_then(Value::as_str) == Some(which))?
-                .get("fields")?
-                .as_array()
-        };
-        let (before, after) = match (nested("before"), nested("after")) {
-            // A flattened event's schema (ExtractNewRecordState): the row's
-            // fields at the top level, beside its `__` metadata.
-            (None, None) => (RowSchema::of(fields), RowSchema::of(fields)),
-            (b, a) => (RowSchema::of(b), RowSchema::of(a)),
-        };
-        EventSchema {
-            not_a_change,
-            before,
-            after,
-        }
-    }
-
-    fn row(&self, which: &str) -> &RowSchema {
-        if which == "before" {
-            &self.before
-        } else {
-            &self.after
-        }
-    }
-}
-
-/// The value schemas of one body, read once each. Debezium repeats an
-/// identical schema in every event of a table, so an event that starts
-/// with one seen before has its payload found without reading the schema
-/// again.
-#[derive(Default)]
-struct Schemas<'a> {
-    seen: Vec<(&'a str, Arc<EventSchema>)>,
-}
-
-/// Distinct schemas remembered per body (a body of many tables, or of a
-/// table whose schema changed, reads the others each time).
-const MAX_SCHEMAS: usize = 16;
-
-impl<'a> Schemas<'a> {
-    fn get(&mut self, raw: Raw<'a>) -> Option<Arc<EventSchema>> {
-        let raw = raw.get();
-        if raw == "null" {
-            return None;
-        }
-        if let Some((_, s)) = self.seen.iter().find(|(r, _)| *r == raw) {
-            return Some(s.clone());
-        }
-        let s = Arc::new(EventSchema::read(raw));
-        if self.seen.len() < MAX_SCHEMAS {
-            self.seen.push((raw, s.clone()));
-        }
-        Some(s)
-    }
-
-    /// `{"schema":<a schema seen before>,"payload":...`, as the JSON
-    /// converter writes it: the schema, and where the payload starts.
-    fn known_at(&self, bytes: &[u8]) -> Option<(Arc<EventSchema>, usize)> {
-        const SCHEMA: &[u8] = b"{\"schema\":";
-        const PAYLOAD: &[u8] = b",\"payload\":";
-        let rest = bytes.strip_prefix(SCHEMA)?;
-        self.seen.iter().find_map(|(raw, s)| {
-            rest.strip_prefix(raw.as_bytes())?.strip_prefix(PAYLOAD)?;
-            Some((s.clone(), SCHEMA.len() + raw.len() + PAYLOAD.len()))
-        })
-    }
-
-    /// A whole element wrapped with a schema seen before: the schema and
-    /// the payload's bytes. (A payload followed by anything else does not
-    /// parse, and the element is read the long way.)
-    fn known(&self, text: &'a str) -> Option<(Arc<EventSchema>, &'a str)> {
-        let (s, at) = self.known_at(text.as_bytes())?;
-        let payload = text[at..].trim_ascii_end().strip_suffix('}')?;
-        Some((s, payload))
     }
 }
 
