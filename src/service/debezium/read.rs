@@ -368,17 +368,10 @@ fn flattened<'a>(
             )));
         }
     };
-    source.inferred = match (
-        &source.sequence,
-        &source.lsn,
-        &source.file,
-        &source.commit_lsn,
-    ) {
-        (Some(_), ..) | (_, Some(_), ..) => Some("postgresql"),
-        (_, _, Some(_), _) => Some("mysql"),
-        (.., Some(_)) => Some("sqlserver"),
-        _ if source.connector.is_some() => None,
-        _ => {
+    source.inferred = match source.position_fields() {
+        Some(connector) => Some(connector),
+        None if source.has_connector() => None,
+        None => {
             return Err(err(format!(
                 "event {index} is flattened (ExtractNewRecordState) without its source position: add sequence (PostgreSQL), file,pos,row (MySQL) or commit_lsn,change_lsn,event_serial_no (SQL Server) to {NEEDS}"
             )));

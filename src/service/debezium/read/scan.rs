@@ -17,7 +17,8 @@
 
 use std::borrow::Cow;
 
-use super::{Fields, Image, Parts, Raw, Source};
+use super::source::{self, Source};
+use super::{Fields, Image, Parts, Raw};
 
 /// Containers nested deeper than this are left to serde (whose own limit
 /// is 128, counted from the body).
@@ -25,28 +26,6 @@ const MAX_DEPTH: usize = 64;
 
 /// Where a part is in the body: [start, end).
 type Span = (usize, usize);
-
-/// The place of a `source` field read in `Source::from_fields`' array (its
-/// order is `Source`'s); `None` for the fields not read. One match on the
-/// key's bytes: a key is compared with the names of its length only.
-fn source_field(key: &[u8]) -> Option<usize> {
-    Some(match key {
-        b"connector" => 0,
-        b"schema" => 1,
-        b"db" => 2,
-        b"table" => 3,
-        b"snapshot" => 4,
-        b"sequence" => 5,
-        b"lsn" => 6,
-        b"file" => 7,
-        b"pos" => 8,
-        b"row" => 9,
-        b"commit_lsn" => 10,
-        b"change_lsn" => 11,
-        b"event_serial_no" => 12,
-        _ => return None,
-    })
-}
 
 /// `Parts`, by where each is in the body.
 #[derive(Default)]
@@ -348,7 +327,7 @@ impl<'a> Scan<'a> {
             return Some(None);
         }
         let mut fields = [None; 13];
-        self.object(|s, key| match source_field(s.text(key)) {
+        self.object(|s, key| match source::field(s.text(key)) {
             Some(f) => once(&mut fields[f], s.raw(2)?),
             None => s.skip(2),
         })?;

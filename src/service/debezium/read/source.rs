@@ -4,47 +4,107 @@
 
 use std::sync::Arc;
 
+use std::borrow::Cow;
+
 use serde::Deserialize;
-use serde::de::Deserializer;
+use serde::de::{Deserializer, Error as _, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 
-use super::{Raw, present, string};
+use super::{Raw, string};
 use crate::core::debezium;
 
+/// The `source` fields read, each at its place in `Source`.
+pub(super) const FIELDS: [&str; 13] = [
+    "connector",
+    "schema",
+    "db",
+    "table",
+    "snapshot",
+    "sequence",
+    "lsn",
+    "file",
+    "pos",
+    "row",
+    "commit_lsn",
+    "change_lsn",
+    "event_serial_no",
+];
+const CONNECTOR: usize = 0;
+const SCHEMA: usize = 1;
+const DB: usize = 2;
+const TABLE: usize = 3;
+const SNAPSHOT: usize = 4;
+const SEQUENCE: usize = 5;
+const LSN: usize = 6;
+const FILE: usize = 7;
+const COMMIT_LSN: usize = 10;
+
+/// A `source` field's place in `FIELDS`; `None` for the fields not read.
+/// One match on the key's bytes, so a key is compared with the names of
+/// its length only (a search of `FIELDS` showed in profiles of reading
+/// events).
+pub(super) fn field(key: &[u8]) -> Option<usize> {
+    Some(match key {
+        b"connector" => 0,
+        b"schema" => 1,
+        b"db" => 2,
+        b"table" => 3,
+        b"snapshot" => 4,
+        b"sequence" => 5,
+        b"lsn" => 6,
+        b"file" => 7,
+        b"pos" => 8,
+        b"row" => 9,
+        b"commit_lsn" => 10,
+        b"change_lsn" => 11,
+        b"event_serial_no" => 12,
+        _ => return None,
+    })
+}
+
 /// An event's `source` block: the fields its table and its position are
-/// read from.
-#[derive(Deserialize, Default, Debug, Clone, Copy)]
+/// read from (`FIELDS`; null ones too, as `Some("null")`).
+#[derive(Default, Debug, Clone, Copy)]
 pub(super) struct Source<'a> {
-    #[serde(borrow, default, deserialize_with = "present")]
-    pub(super) connector: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    pub(super) schema: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    pub(super) db: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    pub(super) table: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    pub(super) snapshot: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    pub(super) sequence: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    pub(super) lsn: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    pub(super) file: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    pub(super) pos: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    pub(super) row: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    pub(super) commit_lsn: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    pub(super) change_lsn: Option<Raw<'a>>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    pub(super) event_serial_no: Option<Raw<'a>>,
+    fields: [Option<Raw<'a>>; 13],
     /// A flattened event's connector, told by its position fields when it
     /// does not name one.
-    #[serde(skip)]
     pub(super) inferred: Option<&'static str>,
+}
+
+/// Read as serde derives a struct's reading would (other fields skipped,
+/// a field given twice refused), with `field`'s places.
+impl<'de> Deserialize<'de> for Source<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Block;
+        impl<'de> Visitor<'de> for Block {
+            type Value = Source<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a source block")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> std::result::Result<Source<'de>, A::Error> {
+                #[derive(Deserialize)]
+                struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
+                let mut source = Source::default();
+                while let Some(Key(k)) = m.next_key()? {
+                    match field(k.as_bytes()) {
+                        Some(i) if source.fields[i].is_some() => {
+                            return Err(A::Error::duplicate_field(FIELDS[i]));
+                        }
+                        Some(i) => source.fields[i] = Some(m.next_value()?),
+                        None => {
+                            m.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(source)
+            }
+        }
+        d.deserialize_map(Block)
+    }
 }
 
 /// What a reader keeps of a `source` block: the fields that name its
@@ -67,8 +127,8 @@ pub(super) fn origin<'de, D: Deserializer<'de>>(
 impl<'a> Source<'a> {
     pub(super) fn origin(&self) -> Origin<'a> {
         Origin {
-            names: [self.schema, self.db, self.table],
-            snapshot: self.snapshot,
+            names: [self.fields[SCHEMA], self.fields[DB], self.fields[TABLE]],
+            snapshot: self.fields[SNAPSHOT],
             pos: self.position(),
         }
     }
@@ -78,74 +138,49 @@ impl<'a> Source<'a> {
     pub(super) fn position(&self) -> std::result::Result<[i64; 4], String> {
         // PostgreSQL's usual form, read without building values.
         if self.is_postgres()
-            && let Some((last, Some(lsn))) = self
-                .sequence
-                .and_then(|s| debezium::postgres_sequence(s.get()))
+            && let Some((last, Some(lsn))) =
+                self.fields[SEQUENCE].and_then(|s| debezium::postgres_sequence(s.get()))
         {
             return Ok(debezium::postgres_pos(last.unwrap_or(0), lsn));
         }
         debezium::source_pos(&|k| self.value(k))
     }
 
-    /// The fields read, in this struct's order (`scan::source_field`
-    /// gives each name's place).
-    pub(super) fn from_fields(f: [Option<Raw<'a>>; 13]) -> Source<'a> {
-        let [
-            connector,
-            schema,
-            db,
-            table,
-            snapshot,
-            sequence,
-            lsn,
-            file,
-            pos,
-            row,
-            commit_lsn,
-            change_lsn,
-            event_serial_no,
-        ] = f;
+    /// The fields read, at their places in `FIELDS`.
+    pub(super) fn from_fields(fields: [Option<Raw<'a>>; 13]) -> Source<'a> {
         Source {
-            connector,
-            schema,
-            db,
-            table,
-            snapshot,
-            sequence,
-            lsn,
-            file,
-            pos,
-            row,
-            commit_lsn,
-            change_lsn,
-            event_serial_no,
+            fields,
             inferred: None,
         }
     }
 
     /// Field `k`'s place.
     pub(super) fn slot(&mut self, k: &str) -> Option<&mut Option<Raw<'a>>> {
-        Some(match k {
-            "connector" => &mut self.connector,
-            "schema" => &mut self.schema,
-            "db" => &mut self.db,
-            "table" => &mut self.table,
-            "snapshot" => &mut self.snapshot,
-            "sequence" => &mut self.sequence,
-            "lsn" => &mut self.lsn,
-            "file" => &mut self.file,
-            "pos" => &mut self.pos,
-            "row" => &mut self.row,
-            "commit_lsn" => &mut self.commit_lsn,
-            "change_lsn" => &mut self.change_lsn,
-            "event_serial_no" => &mut self.event_serial_no,
-            _ => return None,
-        })
+        field(k.as_bytes()).map(|i| &mut self.fields[i])
     }
 
     pub(super) fn raw(&self, k: &str) -> Option<Raw<'a>> {
-        let mut copy = *self;
-        copy.slot(k).and_then(|v| *v)
+        field(k.as_bytes()).and_then(|i| self.fields[i])
+    }
+
+    /// Which connector's position fields it has: `Some` of the connector
+    /// they tell (PostgreSQL: sequence or lsn; MySQL: file; SQL Server:
+    /// commit_lsn); `None` when it has none of them.
+    pub(super) fn position_fields(&self) -> Option<&'static str> {
+        let has = |i: usize| self.fields[i].is_some();
+        if has(SEQUENCE) || has(LSN) {
+            Some("postgresql")
+        } else if has(FILE) {
+            Some("mysql")
+        } else if has(COMMIT_LSN) {
+            Some("sqlserver")
+        } else {
+            None
+        }
+    }
+
+    pub(super) fn has_connector(&self) -> bool {
+        self.fields[CONNECTOR].is_some()
     }
 
     /// Field `k` as a JSON value (what `core::debezium::position_of` reads).
@@ -157,8 +192,9 @@ impl<'a> Source<'a> {
     }
 
     pub(super) fn is_postgres(&self) -> bool {
-        self.connector.map(Raw::get) == Some("\"postgresql\"")
-            || (self.connector.is_none() && self.inferred == Some("postgresql"))
+        let connector = self.fields[CONNECTOR];
+        connector.map(Raw::get) == Some("\"postgresql\"")
+            || (connector.is_none() && self.inferred == Some("postgresql"))
     }
 }
 
@@ -191,5 +227,31 @@ impl<'a> Tables<'a> {
             self.seen.push((key, name.clone()));
         }
         name
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FIELDS, field};
+
+    /// `field` places every name of `FIELDS` where `FIELDS` has it, and no
+    /// other name (a prefix, another case, an unread field).
+    #[test]
+    fn field_places_are_the_names_places() {
+        for (i, name) in FIELDS.iter().enumerate() {
+            assert_eq!(field(name.as_bytes()), Some(i), "{name}");
+        }
+        for other in [
+            "",
+            "ts_ms",
+            "version",
+            "txId",
+            "Connector",
+            "lsn ",
+            "commit",
+            "pos1",
+        ] {
+            assert_eq!(field(other.as_bytes()), None, "{other}");
+        }
     }
 }
