@@ -34,7 +34,7 @@ impl<'de> Deserialize<'de> for Fields<'de> {
 }
 
 impl<'de> Fields<'de> {
-    pub(super) fn visit<A: MapAccess<'de>>(mut m: A) -> std::result::Result<Fields<'de>, A::Error> {
+    fn visit<A: MapAccess<'de>>(mut m: A) -> std::result::Result<Fields<'de>, A::Error> {
         #[derive(Deserialize)]
         struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
         let mut out = Vec::with_capacity(m.size_hint().unwrap_or(8).min(256));

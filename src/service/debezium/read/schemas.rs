@@ -15,20 +15,20 @@ use super::Raw;
 pub(super) struct EventSchema {
     /// A heartbeat or transaction metadata schema.
     pub(super) not_a_change: bool,
-    pub(super) before: RowSchema,
-    pub(super) after: RowSchema,
+    before: RowSchema,
+    after: RowSchema,
 }
 
 /// The fields of a row in a value schema, in the schema's order (the order
 /// Debezium writes a row's fields in), each with its Connect schema.
 #[derive(Debug, Default)]
 pub(in crate::service::debezium) struct RowSchema {
-    pub(super) fields: Vec<(String, Value)>,
-    pub(super) index: HashMap<String, usize>,
+    fields: Vec<(String, Value)>,
+    index: HashMap<String, usize>,
 }
 
 impl RowSchema {
-    pub(super) fn of(fields: Option<&Vec<Value>>) -> RowSchema {
+    fn of(fields: Option<&Vec<Value>>) -> RowSchema {
         let fields: Vec<(String, Value)> = fields
             .into_iter()
             .flatten()
@@ -97,12 +97,12 @@ impl EventSchema {
 /// again.
 #[derive(Default)]
 pub(super) struct Schemas<'a> {
-    pub(super) seen: Vec<(&'a str, Arc<EventSchema>)>,
+    seen: Vec<(&'a str, Arc<EventSchema>)>,
 }
 
 /// Distinct schemas remembered per body (a body of many tables, or of a
 /// table whose schema changed, reads the others each time).
-pub(super) const MAX_SCHEMAS: usize = 16;
+const MAX_SCHEMAS: usize = 16;
 
 impl<'a> Schemas<'a> {
     pub(in crate::service::debezium) fn get(&mut self, raw: Raw<'a>) -> Option<Arc<EventSchema>> {

@@ -135,7 +135,7 @@ impl<'a> Source<'a> {
 
     /// Where this source's events sit in its order (`core::debezium::at`
     /// adds each event's op).
-    pub(super) fn position(&self) -> std::result::Result<[i64; 4], String> {
+    fn position(&self) -> std::result::Result<[i64; 4], String> {
         // PostgreSQL's usual form, read without building values.
         if self.is_postgres()
             && let Some((last, Some(lsn))) =
@@ -184,14 +184,14 @@ impl<'a> Source<'a> {
     }
 
     /// Field `k` as a JSON value (what `core::debezium::position_of` reads).
-    pub(super) fn value(&self, k: &str) -> Option<Value> {
+    fn value(&self, k: &str) -> Option<Value> {
         match (k, self.raw(k), self.inferred) {
             ("connector", None, Some(c)) => Some(Value::String(c.into())),
             (_, raw, _) => serde_json::from_str(raw?.get()).ok(),
         }
     }
 
-    pub(super) fn is_postgres(&self) -> bool {
+    fn is_postgres(&self) -> bool {
         let connector = self.fields[CONNECTOR];
         connector.map(Raw::get) == Some("\"postgresql\"")
             || (connector.is_none() && self.inferred == Some("postgresql"))
@@ -202,11 +202,11 @@ impl<'a> Source<'a> {
 /// `source` namespace and table fields, and the name they make.
 #[derive(Default)]
 pub(super) struct Tables<'a> {
-    pub(super) seen: Vec<([&'a str; 3], Arc<str>)>,
+    seen: Vec<([&'a str; 3], Arc<str>)>,
 }
 
 /// Distinct tables remembered per body (the others are named per event).
-pub(super) const MAX_TABLES: usize = 64;
+const MAX_TABLES: usize = 64;
 
 impl<'a> Tables<'a> {
     /// `schema.table` (`db.table` without a schema); empty when `source`
