@@ -112,6 +112,11 @@ impl<'de> Deserialize<'de> for Raw<'de> {
     }
 }
 
+/// An object's key as serde reads it: borrowed from the body, unescaped
+/// (owned) when it has escapes.
+#[derive(Deserialize)]
+struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
+
 /// A field present in an event (null too: `Some("null")`); absent is `None`.
 fn present<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Raw<'de>>, D::Error> {
     Raw::deserialize(d).map(Some)

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde::de::{Deserializer, MapAccess, Visitor};
 
-use super::Raw;
+use super::{Key, Raw};
 
 /// The fields of a row image, in order, values unread.
 #[derive(Debug)]
@@ -35,8 +35,6 @@ impl<'de> Deserialize<'de> for Fields<'de> {
 
 impl<'de> Fields<'de> {
     fn visit<A: MapAccess<'de>>(mut m: A) -> std::result::Result<Fields<'de>, A::Error> {
-        #[derive(Deserialize)]
-        struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
         let mut out = Vec::with_capacity(m.size_hint().unwrap_or(8).min(256));
         while let Some(Key(k)) = m.next_key()? {
             let v: Raw<'de> = m.next_value()?;

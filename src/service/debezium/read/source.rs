@@ -4,13 +4,11 @@
 
 use std::sync::Arc;
 
-use std::borrow::Cow;
-
 use serde::Deserialize;
 use serde::de::{Deserializer, Error as _, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 
-use super::{Raw, string};
+use super::{Key, Raw, string};
 use crate::core::debezium;
 
 /// The `source` fields read, each at its place in `Source`.
@@ -86,8 +84,6 @@ impl<'de> Deserialize<'de> for Source<'de> {
                 self,
                 mut m: A,
             ) -> std::result::Result<Source<'de>, A::Error> {
-                #[derive(Deserialize)]
-                struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
                 let mut source = Source::default();
                 while let Some(Key(k)) = m.next_key()? {
                     match field(k.as_bytes()) {
