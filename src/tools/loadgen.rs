@@ -327,7 +327,7 @@ fn decode_cost(f: &str, bodies: &[bytes::Bytes]) -> Result<f64> {
                     let (mut routed, _) = crate::service::debezium::route(
                         flows,
                         input::BodyFormat::JsonArray,
-                        body,
+                        crate::service::debezium::Body::Whole(body),
                         limits,
                     )?;
                     match routed.pop() {

@@ -399,7 +399,7 @@ columns = [
             let flow = Flow::new(cfg).unwrap();
             let text = body(&events, n);
             let limits = Limits { max_rows: 1000, max_value_bytes: 1 << 20 };
-            let (changes, _) = read_body("t", BodyFormat::JsonArray, text.as_bytes(), limits).unwrap();
+            let (changes, _) = read_body("t", BodyFormat::JsonArray, crate::service::debezium::Body::Whole(text.as_bytes()), limits).unwrap();
             let refs: Vec<_> = changes.iter().collect();
             match (rows(&flow, &refs, true), rows_by_json(&flow, &refs, true)) {
                 (Ok(a), Ok(b)) => prop_assert_eq!(a, b, "{}", text),
@@ -435,7 +435,13 @@ columns = [
             max_rows: 1000,
             max_value_bytes: 1 << 20,
         };
-        let (changes, _) = read_body("t", BodyFormat::JsonArray, text.as_bytes(), limits).unwrap();
+        let (changes, _) = read_body(
+            "t",
+            BodyFormat::JsonArray,
+            crate::service::debezium::Body::Whole(text.as_bytes()),
+            limits,
+        )
+        .unwrap();
         let mut d = super::Direct::new(&flow, 2).expect("every column's type is direct");
         for c in &changes {
             let (which, image) = c.image();

@@ -28,7 +28,7 @@ use crate::service::input::json::decode_json_rows;
 mod direct;
 mod read;
 
-pub use read::{Change, read_body};
+pub use read::{Body, Change, read_body};
 use read::{Fields, Image};
 
 /// What a body held that is no change of a flow, by kind.
@@ -426,7 +426,7 @@ pub fn decode(
     limits: Limits,
     strict: bool,
 ) -> Result<(RecordBatch, Skipped)> {
-    let (changes, mut skipped) = read_body(&flow.name, format, body, limits)?;
+    let (changes, mut skipped) = read_body(&flow.name, format, Body::Whole(body), limits)?;
     let mine: Vec<&Change> = changes.iter().filter(|c| takes(flow, &c.table)).collect();
     skipped.other_tables += (changes.len() - mine.len()) as u64;
     let (batch, more) = rows(flow, &mine, strict)?;
@@ -444,7 +444,7 @@ pub type Routed = (usize, Result<RecordBatch>);
 pub fn route(
     flows: &[Flow],
     format: BodyFormat,
-    body: &[u8],
+    body: Body<'_>,
     limits: Limits,
 ) -> Result<(Vec<Routed>, Skipped)> {
     let (changes, mut skipped) = read_body("(debezium)", format, body, limits)?;
@@ -505,7 +505,7 @@ pub fn new_columns(
     body: &[u8],
     limits: Limits,
 ) -> Result<Vec<crate::core::flow::ColumnDef>> {
-    let (changes, _) = read_body(&flow.name, format, body, limits)?;
+    let (changes, _) = read_body(&flow.name, format, Body::Whole(body), limits)?;
     let mut typed: Vec<arrow_schema::Field> = Vec::new();
     let mut untyped: Vec<Vec<u8>> = Vec::new();
     for c in changes.iter().filter(|c| takes(flow, &c.table)) {

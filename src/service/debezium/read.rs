@@ -19,11 +19,14 @@ use crate::core::debezium::{self, Op, Position};
 use crate::error::{Error, Result, codes};
 use crate::service::input::body::{BodyFormat, Limits};
 
+mod chunks;
 mod images;
 mod scan;
 mod schemas;
 mod source;
 
+pub use chunks::Body;
+use chunks::Cursor;
 use images::image;
 pub(super) use images::{Fields, Image};
 pub(super) use schemas::RowSchema;
@@ -405,13 +408,15 @@ fn flattened<'a>(
 pub fn read_body<'a>(
     flow: &str,
     format: BodyFormat,
-    body: &'a [u8],
+    body: Body<'a>,
     limits: Limits,
 ) -> Result<(Vec<Change<'a>>, Skipped)> {
     // A body that is not UTF-8 says so, whichever event met it first.
-    read_events(flow, format, body, limits).map_err(|e| match utf8(flow, body) {
-        Err(not) => not,
-        Ok(_) => e,
+    read_events(flow, format, body, limits).map_err(|e| {
+        match utf8(flow, Cursor::new(body).whole()) {
+            Err(not) => not,
+            Ok(_) => e,
+        }
     })
 }
 
@@ -426,10 +431,18 @@ fn utf8<'a>(flow: &str, body: &'a [u8]) -> Result<&'a str> {
         })
 }
 
+fn malformed(flow: &str, why: String) -> Error {
+    Error::Input {
+        code: codes::MALFORMED_BODY,
+        flow: flow.to_string(),
+        message: format!("the body is not a JSON array of events: {why}"),
+    }
+}
+
 fn read_events<'a>(
     flow: &str,
     format: BodyFormat,
-    body: &'a [u8],
+    body: Body<'a>,
     limits: Limits,
 ) -> Result<(Vec<Change<'a>>, Skipped)> {
     let too_many = || Error::Input {
@@ -440,14 +453,6 @@ fn read_events<'a>(
             limits.max_rows
         ),
     };
-    let malformed = |why: String| Error::Input {
-        code: codes::MALFORMED_BODY,
-        flow: flow.to_string(),
-        message: format!("the body is not a JSON array of events: {why}"),
-    };
-    // A JSON array's UTF-8 is checked event by event (`scan`, and serde's
-    // reading of a slice), the others' at once.
-    let whole = || utf8(flow, body);
     let mut out = (Vec::new(), Skipped::default());
     let mut schemas = Schemas::default();
     let mut tables = Tables::default();
@@ -457,20 +462,14 @@ fn read_events<'a>(
         Read::NotAChange => out.1.not_changes += 1,
         Read::Message => out.1.messages += 1,
     };
-    let skip_ws = |mut i: usize| {
-        while body.get(i).is_some_and(u8::is_ascii_whitespace) {
-            i += 1;
-        }
-        i
-    };
+    let mut c = Cursor::new(body);
     match format {
         BodyFormat::Ndjson => {
-            let text = whole()?;
             let mut index = 0;
-            let mut start = 0;
-            for end in memchr::memchr_iter(b'\n', body).chain([body.len()]) {
-                let line = text[start..end].trim_ascii();
-                start = end + 1;
+            while let Some(line) = c.line() {
+                // Lines end at a `\n`, never inside a character: each
+                // line's UTF-8 is the body's.
+                let line = utf8(flow, line)?.trim_ascii();
                 if line.is_empty() {
                     continue;
                 }
@@ -484,77 +483,63 @@ fn read_events<'a>(
                 index += 1;
             }
         }
-        BodyFormat::JsonArray if body.get(skip_ws(0)) != Some(&b'[') => {
-            keep(
-                &mut out,
-                read_one(flow, 0, whole()?.trim_ascii(), &mut schemas, &mut tables)?,
-            );
-        }
         BodyFormat::JsonArray => {
-            let mut i = skip_ws(skip_ws(0) + 1);
+            c.skip_ws();
+            if c.peek() != Some(b'[') {
+                let text = utf8(flow, c.whole())?.trim_ascii();
+                keep(
+                    &mut out,
+                    read_one(flow, 0, text, &mut schemas, &mut tables)?,
+                );
+                return Ok(out);
+            }
+            // A JSON array's UTF-8 is checked event by event (`scan`, and
+            // serde's reading of a slice).
+            c.advance(1);
+            c.skip_ws();
             let mut index = 0;
-            if body.get(i) == Some(&b']') {
-                i += 1;
+            if c.peek() == Some(b']') {
+                c.advance(1);
             } else {
                 loop {
                     if index == limits.max_rows {
                         return Err(too_many());
                     }
-                    let end = match known_event(flow, index, body, i, &schemas, &mut tables) {
-                        Some(read) => {
-                            let (read, end) = read?;
-                            keep(&mut out, read);
-                            end
-                        }
-                        None => {
-                            // The long way: the element as it is.
-                            let mut one = serde_json::Deserializer::from_slice(&body[i..])
-                                .into_iter::<&RawValue>();
-                            match one.next() {
-                                Some(Ok(raw)) => {
-                                    let element = raw.get();
-                                    keep(
-                                        &mut out,
-                                        read_one(flow, index, element, &mut schemas, &mut tables)?,
-                                    );
-                                    i + one.byte_offset()
-                                }
-                                Some(Err(e)) if e.is_eof() => {
-                                    return Err(malformed("the array is not closed".into()));
-                                }
-                                Some(Err(e)) => {
-                                    return Err(event_err(
-                                        flow,
-                                        index,
-                                        format!("event {index} is not valid JSON: {e}"),
-                                    ));
-                                }
-                                None => return Err(malformed("the array is not closed".into())),
-                            }
-                        }
-                    };
+                    let read =
+                        c.element(|bytes| element(flow, index, bytes, &mut schemas, &mut tables))?;
+                    keep(&mut out, read);
                     index += 1;
-                    i = skip_ws(end);
-                    match body.get(i) {
-                        Some(b',') => i = skip_ws(i + 1),
+                    c.skip_ws();
+                    match c.peek() {
+                        Some(b',') => {
+                            c.advance(1);
+                            c.skip_ws();
+                        }
                         Some(b']') => {
-                            i += 1;
+                            c.advance(1);
                             break;
                         }
-                        None => return Err(malformed("the array is not closed".into())),
+                        None => return Err(malformed(flow, "the array is not closed".into())),
                         Some(_) => {
-                            return Err(malformed(format!(
-                                "expected `,` or `]` after event {} at byte {i}",
-                                index - 1
-                            )));
+                            return Err(malformed(
+                                flow,
+                                format!(
+                                    "expected `,` or `]` after event {} at byte {}",
+                                    index - 1,
+                                    c.at()
+                                ),
+                            ));
                         }
                     }
                 }
             }
-            if skip_ws(i) != body.len() {
-                return Err(malformed(format!(
-                    "unexpected bytes after the array at byte {i}"
-                )));
+            let after = c.at();
+            c.skip_ws();
+            if !c.at_end() {
+                return Err(malformed(
+                    flow,
+                    format!("unexpected bytes after the array at byte {after}"),
+                ));
             }
         }
         BodyFormat::ArrowStream => {
@@ -569,36 +554,62 @@ fn read_events<'a>(
     Ok(out)
 }
 
-/// The element of a JSON array at `at` when it is wrapped with a schema
-/// seen before: the event, read without reading its schema again, and
-/// where the element ends. `None`: read it the long way.
+/// The element of a JSON array that `bytes` start with, and its length:
+/// the fast way when it is wrapped with a schema seen before, else the
+/// element as it is.
+fn element<'a>(
+    flow: &str,
+    index: usize,
+    bytes: &'a [u8],
+    schemas: &mut Schemas<'a>,
+    tables: &mut Tables<'a>,
+) -> Result<(Read<'a>, usize)> {
+    if let Some(read) = known_event(flow, index, bytes, schemas, tables) {
+        return read;
+    }
+    let mut one = serde_json::Deserializer::from_slice(bytes).into_iter::<&RawValue>();
+    match one.next() {
+        Some(Ok(raw)) => {
+            let read = read_one(flow, index, raw.get(), schemas, tables)?;
+            Ok((read, one.byte_offset()))
+        }
+        Some(Err(e)) if !e.is_eof() => Err(event_err(
+            flow,
+            index,
+            format!("event {index} is not valid JSON: {e}"),
+        )),
+        Some(Err(_)) | None => Err(malformed(flow, "the array is not closed".into())),
+    }
+}
+
+/// The element `bytes` start with when it is wrapped with a schema seen
+/// before: the event, read without reading its schema again, and the
+/// element's length. `None`: read it the long way.
 fn known_event<'a>(
     flow: &str,
     index: usize,
-    body: &'a [u8],
-    at: usize,
+    bytes: &'a [u8],
     schemas: &Schemas<'a>,
     tables: &mut Tables<'a>,
 ) -> Option<Result<(Read<'a>, usize)>> {
-    let (schema, offset) = schemas.known_at(&body[at..])?;
-    let from = at + offset;
-    if body.get(from) != Some(&b'{') {
+    let (schema, from) = schemas.known_at(bytes)?;
+    if bytes.get(from) != Some(&b'{') {
         return None;
     }
-    let (parts, text) = scan::payload(body, from).or_else(|| {
-        let mut one = serde_json::Deserializer::from_slice(&body[from..]).into_iter::<Parts>();
+    let (parts, text) = scan::payload(bytes, from).or_else(|| {
+        let mut one = serde_json::Deserializer::from_slice(&bytes[from..]).into_iter::<Parts>();
         let parts = one.next()?.ok()?;
-        let text = std::str::from_utf8(&body[from..from + one.byte_offset()]).ok()?;
+        let text = std::str::from_utf8(&bytes[from..from + one.byte_offset()]).ok()?;
         Some((parts, text))
     })?;
     if parts.is_wrapper() {
         return None;
     }
     let mut close = from + text.len();
-    while body.get(close).is_some_and(u8::is_ascii_whitespace) {
+    while bytes.get(close).is_some_and(u8::is_ascii_whitespace) {
         close += 1;
     }
-    if body.get(close) != Some(&b'}') {
+    if bytes.get(close) != Some(&b'}') {
         return None;
     }
     Some(event(flow, index, parts, Some(schema), text, tables).map(|r| (r, close + 1)))

@@ -418,8 +418,13 @@ fn flattened_events_need_their_op_and_position() {
     .unwrap()
     .0;
     assert_eq!(rows.num_rows(), 1);
-    let e =
-        debezium::route(&[flow], BodyFormat::Ndjson, body.as_bytes(), Limits::NONE).unwrap_err();
+    let e = debezium::route(
+        &[flow],
+        BodyFormat::Ndjson,
+        debezium::Body::Whole(body.as_bytes()),
+        Limits::NONE,
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("names no table"), "{e}");
 }
 

@@ -390,3 +390,76 @@ async fn a_debezium_flow_adds_a_new_source_column_with_its_schema_type() {
         common::rows(&[&["1", "Ann", "0.01", "NULL"]])
     );
 }
+
+/// Writes `body` to `/v1/debezium` with `Transfer-Encoding: chunked`, in
+/// chunks of the sizes `sizes` cycles through (flushed one by one, so the
+/// server reads them apart); the status line and the answer's body.
+async fn post_in_chunks(
+    r: &autocdc::service::run::Running,
+    body: &[u8],
+    sizes: &[usize],
+) -> (String, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(r.addr).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    s.write_all(
+        b"POST /v1/debezium HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let (mut at, mut n) = (0, 0);
+    while at < body.len() {
+        let end = (at + sizes[n % sizes.len()]).min(body.len());
+        let mut chunk = format!("{:x}\r\n", end - at).into_bytes();
+        chunk.extend_from_slice(&body[at..end]);
+        chunk.extend_from_slice(b"\r\n");
+        if s.write_all(&chunk).await.is_err() {
+            break; // refused before the end: the answer says why
+        }
+        s.flush().await.unwrap();
+        tokio::task::yield_now().await;
+        (at, n) = (end, n + 1);
+    }
+    let _ = s.write_all(b"0\r\n\r\n").await;
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer).to_string();
+    let status = answer.lines().next().unwrap_or_default().to_string();
+    let json = answer
+        .find("\r\n\r\n")
+        .and_then(|i| serde_json::from_str(&answer[i + 4..]).ok())
+        .unwrap_or(Value::Null);
+    (status, json)
+}
+
+/// The body is read in the chunks it arrives in (never copied into one
+/// buffer): events cut anywhere by chunks of every size, big and small,
+/// read as they would whole; a chunked body over `max_body_bytes` is 413
+/// with its code, however it is cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_in_chunks_of_any_size_reads_whole_and_over_the_limit_is_413() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = serve_config(tmp.path());
+    cfg.server.max_body_bytes = 512 * 1024;
+    let r = start(cfg).await;
+    let client = reqwest::Client::new();
+    let mut events: Vec<Value> = (1..=300)
+        .map(|id| order_event("c", id, 19_000 + id, 0, 100 + id as u64))
+        .collect();
+    events.push(order_event("d", 7, 0, 0, 1_000));
+    let body = Value::Array(events).to_string();
+    assert!(body.len() > 100_000 && body.len() < 512 * 1024);
+    let (status, v) = post_in_chunks(&r, body.as_bytes(), &[1, 20_000, 3, 777, 17_000, 5]).await;
+    assert!(status.contains(" 202 "), "{status} {v}");
+    assert_eq!(v["flows"]["orders"]["accepted"], 301, "{v}");
+    commit(&client, &r, "orders").await;
+    // Over the limit: refused as it arrives, with the code.
+    let big = format!("[{}]", vec![body.as_str(); 8].join(","));
+    let (status, v) = post_in_chunks(&r, big.as_bytes(), &[9_000, 40_000]).await;
+    assert!(status.contains(" 413 "), "{status} {v}");
+    assert_eq!(v["error"]["code"], "AUTOCDC_BODY_TOO_LARGE", "{v}");
+    r.stop().await.unwrap();
+    let t = table(tmp.path(), "orders").await;
+    assert_eq!(t.len(), 299);
+    assert!(!t.iter().any(|row| row[0] == "7"));
+}

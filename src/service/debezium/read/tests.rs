@@ -1,4 +1,8 @@
-//! Reading whole bodies: where UTF-8 is checked.
+//! Reading whole bodies: where UTF-8 is checked, and a body in chunks
+//! read as it is in one buffer.
+
+use bumpalo::Bump;
+use bytes::Bytes;
 
 use super::*;
 
@@ -46,7 +50,7 @@ fn utf8_is_checked_wherever_it_is() {
                 .map(|e| e.as_bytes().to_vec())
                 .collect::<Vec<_>>(),
         );
-        let (changes, _) = read_body("t", format, &body, limits()).unwrap();
+        let (changes, _) = read_body("t", format, Body::Whole(&body), limits()).unwrap();
         assert_eq!(notes(&changes), ["a", "é 😀", "c"]);
         // One bad byte in the first event's schema, in a later event's
         // payload (read by the scan) and in its repeated schema.
@@ -63,7 +67,7 @@ fn utf8_is_checked_wherever_it_is() {
             spoil(2, &in_note),
             spoil(1, &in_schema),
         ] {
-            let err = read_body("t", format, &body, limits()).unwrap_err();
+            let err = read_body("t", format, Body::Whole(&body), limits()).unwrap_err();
             let text = err.to_string();
             assert!(text.contains("not UTF-8"), "{format:?}: {text}");
             assert!(
@@ -72,4 +76,106 @@ fn utf8_is_checked_wherever_it_is() {
             );
         }
     }
+}
+
+/// The body cut into chunks at `cuts`.
+fn chunked(body: &[u8], cuts: &[usize]) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    for &c in cuts {
+        out.push(Bytes::copy_from_slice(&body[from..c.max(from)]));
+        from = c.max(from);
+    }
+    out.push(Bytes::copy_from_slice(&body[from..]));
+    out
+}
+
+/// What reading `body` gives: its changes and skips, or its error's words.
+fn read_in(format: BodyFormat, body: Body<'_>) -> String {
+    match read_body("t", format, body, limits()) {
+        Ok(read) => format!("{read:?}"),
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+/// A body the HTTP layer hands over in chunks reads as it does in one
+/// buffer, wherever the chunks end (inside an event, its schema, a
+/// multi-byte character, a number, between events), errors included.
+#[test]
+fn a_body_in_chunks_reads_as_it_does_whole() {
+    let events = [
+        event("a", 1),
+        event("é 😀", 2),
+        "null".to_string(),
+        r#"{"before":null,"after":{"note":"bare"},"source":{"connector":"postgresql","schema":"public","table":"t","sequence":"[null,\"4\"]","lsn":4},"op":"c"}"#.to_string(),
+        event("c", 5),
+    ];
+    let array = format!("[{}]", events.join(",\n "));
+    let bodies: Vec<(BodyFormat, String)> = vec![
+        (BodyFormat::JsonArray, array.clone()),
+        (BodyFormat::Ndjson, events.join("\n")),
+        (BodyFormat::JsonArray, events[0].clone()),
+        // Refused bodies: a number where an event goes, bytes after the
+        // array, an array not closed, an event cut short.
+        (
+            BodyFormat::JsonArray,
+            format!("[{},12345,{}]", events[0], events[1]),
+        ),
+        (BodyFormat::JsonArray, format!("{array} x")),
+        (
+            BodyFormat::JsonArray,
+            format!("[{}, {}", events[0], events[1]),
+        ),
+        (
+            BodyFormat::JsonArray,
+            format!("[{}, {}]", events[0], &events[1][..200]),
+        ),
+    ];
+    for (format, body) in &bodies {
+        let body = body.as_bytes();
+        let whole = read_in(*format, Body::Whole(body));
+        let mut cuts: Vec<Vec<usize>> = (0..=body.len()).map(|c| vec![c]).collect();
+        // And some bodies in many small chunks.
+        for step in [1, 7, 64] {
+            cuts.push((step..body.len()).step_by(step).collect());
+        }
+        for cut in cuts {
+            let arena = Bump::new();
+            let chunks = chunked(body, &cut);
+            let got = read_in(*format, Body::Chunks(&chunks, &arena));
+            assert_eq!(got, whole, "{format:?} cut at {cut:?}");
+        }
+    }
+    // What they all read: the four changes and the tombstone.
+    let (changes, skipped) = read_body(
+        "t",
+        BodyFormat::JsonArray,
+        Body::Whole(array.as_bytes()),
+        limits(),
+    )
+    .unwrap();
+    assert_eq!(notes(&changes), ["a", "é 😀", "bare", "c"]);
+    assert_eq!(skipped.tombstones, 1);
+}
+
+/// A `source` that is a JSON array is no `source` block (serde's derived
+/// reading took it positionally once).
+#[test]
+fn a_source_that_is_an_array_is_refused() {
+    let body = r#"[{"before":null,"after":{"note":"x"},"source":["3.6","postgresql","dbz",1,"false","db","[null,\"1\"]",1,1,"public","t",1,1],"op":"c"}]"#;
+    let err = read_body(
+        "t",
+        BodyFormat::JsonArray,
+        Body::Whole(body.as_bytes()),
+        limits(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("event 0 has no `source` block"),
+        "{err}"
+    );
+    assert!(
+        matches!(err, Error::Batch { code, row: 0, .. } if code == codes::DEBEZIUM_EVENT),
+        "{err:?}"
+    );
 }
