@@ -454,7 +454,7 @@ async fn a_body_in_chunks_of_any_size_reads_whole_and_over_the_limit_is_413() {
     assert_eq!(v["flows"]["orders"]["accepted"], 301, "{v}");
     commit(&client, &r, "orders").await;
     // Over the limit: refused as it arrives, with the code.
-    let big = format!("[{}]", vec![body.as_str(); 8].join(","));
+    let big = format!("[{}]", [body.as_str(); 8].join(","));
     let (status, v) = post_in_chunks(&r, big.as_bytes(), &[9_000, 40_000]).await;
     assert!(status.contains(" 413 "), "{status} {v}");
     assert_eq!(v["error"]["code"], "AUTOCDC_BODY_TOO_LARGE", "{v}");
