@@ -28,11 +28,18 @@ use crate::error::{Error, Result, codes};
 pub struct Codec {
     pub keys: RowConverter,
     pub seqs: RowConverter,
-    all: RowConverter,
-    /// The columns the fingerprint covers: all of them, except the snapshot
-    /// version of a `from_snapshot` flow (so an unchanged row keeps its
-    /// fingerprint from one snapshot to the next).
-    fp_cols: Vec<usize>,
+    /// The fingerprint's columns but the sequence's when they end it
+    /// (`seq_tail`); `None`: there are none but those.
+    head: Option<RowConverter>,
+    head_cols: Vec<usize>,
+    seq_idx: Vec<usize>,
+    /// The fingerprint's columns end with the sequence's, in its order (a
+    /// Debezium flow's six position columns): their bytes in the
+    /// fingerprint are the sequence's row, which `resolve` has encoded
+    /// already, so they are not encoded twice. A row's encoding is its
+    /// columns' encodings one after the other, so the fingerprint is the
+    /// same number either way (the state keeps it across versions).
+    seq_tail: bool,
 }
 
 impl Codec {
@@ -42,26 +49,89 @@ impl Codec {
                 flow.source_arrow.field(*i).data_type(),
             ))
         };
-        let fp_cols: Vec<usize> = (0..flow.source_arrow.fields().len())
+        // The columns the fingerprint covers: all of them, except the
+        // snapshot version of a `from_snapshot` flow (so an unchanged row
+        // keeps its fingerprint from one snapshot to the next).
+        let mut head_cols: Vec<usize> = (0..flow.source_arrow.fields().len())
             .filter(|i| !(flow.from_snapshot && flow.seq_idx.contains(i)))
             .collect();
+        // `encode` reads the sequence's columns as they are; the
+        // fingerprint reads their `row_view`, the same for all but maps.
+        let plain = flow.seq_idx.iter().all(|&i| {
+            let t = flow.source_arrow.field(i).data_type();
+            crate::core::nested::row_type(t) == *t
+        });
+        let seq_tail = plain && !flow.seq_idx.is_empty() && head_cols.ends_with(&flow.seq_idx);
+        if seq_tail {
+            head_cols.truncate(head_cols.len() - flow.seq_idx.len());
+        }
         Ok(Codec {
             keys: RowConverter::new(flow.key_idx.iter().map(field).collect())?,
             seqs: RowConverter::new(flow.seq_idx.iter().map(field).collect())?,
-            all: RowConverter::new(fp_cols.iter().map(field).collect())?,
-            fp_cols,
+            head: match head_cols.is_empty() {
+                true => None,
+                false => Some(RowConverter::new(head_cols.iter().map(field).collect())?),
+            },
+            head_cols,
+            seq_idx: flow.seq_idx.clone(),
+            seq_tail,
         })
     }
 
     /// Fingerprint of each whole change: decides ties the same way everywhere.
     pub fn fingerprints(&self, batch: &RecordBatch) -> Result<Vec<u64>> {
+        let head = self.fingerprint_heads(batch)?;
+        let seqs = match self.seq_tail {
+            true => Some(self.seq_rows(batch)?),
+            false => None,
+        };
+        Ok(self.fingerprints_of(head.as_ref(), seqs.as_ref(), batch.num_rows()))
+    }
+
+    /// The sequences of `batch`, encoded (as `encode` does).
+    fn seq_rows(&self, batch: &RecordBatch) -> Result<Rows> {
         let cols: Vec<ArrayRef> = self
-            .fp_cols
+            .seq_idx
+            .iter()
+            .map(|&i| batch.column(i).clone())
+            .collect();
+        Ok(self.seqs.convert_columns(&cols)?)
+    }
+
+    /// The fingerprint's columns encoded, but for the sequence's when they
+    /// end it (`None`: no others).
+    fn fingerprint_heads(&self, batch: &RecordBatch) -> Result<Option<Rows>> {
+        let Some(head) = &self.head else {
+            return Ok(None);
+        };
+        let cols: Vec<ArrayRef> = self
+            .head_cols
             .iter()
             .map(|&i| crate::core::nested::row_view(batch.column(i)))
             .collect::<std::result::Result<_, _>>()?;
-        let rows = self.all.convert_columns(&cols)?;
-        Ok(rows.iter().map(|r| xxh3_64(r.as_ref())).collect())
+        Ok(Some(head.convert_columns(&cols)?))
+    }
+
+    /// The fingerprints of `n` rows: their heads, then (`seq_tail`) their
+    /// encoded sequences, hashed as one row.
+    fn fingerprints_of(&self, head: Option<&Rows>, seqs: Option<&Rows>, n: usize) -> Vec<u64> {
+        match (head, seqs.filter(|_| self.seq_tail)) {
+            (Some(h), None) => h.iter().map(|r| xxh3_64(r.as_ref())).collect(),
+            (None, None) => vec![xxh3_64(&[]); n],
+            (h, Some(s)) => {
+                let mut row = Vec::new();
+                (0..n)
+                    .map(|i| {
+                        row.clear();
+                        if let Some(h) = h {
+                            row.extend_from_slice(h.row(i).as_ref());
+                        }
+                        row.extend_from_slice(s.row(i).as_ref());
+                        xxh3_64(&row)
+                    })
+                    .collect()
+            }
+        }
     }
 }
 
@@ -477,16 +547,17 @@ pub fn resolve_as<J: Join>(
 ) -> Result<Resolution> {
     validate(flow, batch)?;
     let n = batch.num_rows();
-    let (encoded, fingerprints) = split
-        .join
-        .join(|| encode(flow, codec, batch), || codec.fingerprints(batch));
+    let (encoded, heads) = split.join.join(
+        || encode(flow, codec, batch),
+        || codec.fingerprint_heads(batch),
+    );
     let Encoded {
         keys,
         seqs,
         hashes,
         is_delete,
     } = encoded?;
-    let mut fingerprints = fingerprints?;
+    let mut fingerprints = codec.fingerprints_of(heads?.as_ref(), Some(&seqs), n);
     sentinel_fingerprints(&mut fingerprints, forced_deletes);
     let deleted = |i: usize| {
         is_delete.as_ref().is_some_and(|d| d.value(i)) || forced_deletes.is_some_and(|d| d.value(i))
@@ -826,5 +897,108 @@ pub fn apply(state: &mut KeyIndex, res: &Resolution, locs: &[Loc], now_ms: i64) 
             res.fingerprints[i],
             value,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::flow::Flow;
+    use proptest::prelude::*;
+
+    /// A Debezium flow (its six position columns end its columns, and are
+    /// its sequence) and a flat flow whose sequence column is not last.
+    fn flows() -> [Flow; 2] {
+        let dbz = r#"
+            name = "d"
+            target = "db.d"
+            keys = ["id"]
+            format = "debezium"
+            source_table = "public.d"
+            columns = [
+              { name = "id", type = "long", required = true },
+              { name = "name", type = "string" },
+              { name = "n", type = "int" },
+            ]"#;
+        let flat = r#"
+            name = "f"
+            target = "db.f"
+            keys = ["id"]
+            sequence_by = "seq"
+            columns = [
+              { name = "id", type = "long", required = true },
+              { name = "seq", type = "long", required = true },
+              { name = "name", type = "string" },
+            ]"#;
+        [dbz, flat].map(|t| Flow::new(toml::from_str(t).unwrap()).unwrap())
+    }
+
+    /// `cells` as a batch of `flow`'s source columns (nulls where a column
+    /// may hold them), each cast from a long.
+    fn batch(flow: &Flow, cells: &[Option<i64>], rows: usize) -> RecordBatch {
+        let n = flow.source_arrow.fields().len();
+        let cols: Vec<ArrayRef> = flow
+            .source_arrow
+            .fields()
+            .iter()
+            .enumerate()
+            .map(|(c, f)| {
+                let longs: arrow_array::Int64Array = (0..rows)
+                    .map(|r| {
+                        let v = cells[(r * n + c) % cells.len()];
+                        if f.is_nullable() {
+                            v
+                        } else {
+                            Some(v.unwrap_or(7))
+                        }
+                    })
+                    .collect();
+                arrow_cast::cast(&longs, f.data_type()).unwrap()
+            })
+            .collect();
+        RecordBatch::try_new(flow.source_arrow.clone(), cols).unwrap()
+    }
+
+    /// The fingerprint as every version before the sequence's bytes were
+    /// taken from `seqs`: all the columns in one row encoding.
+    fn whole_row_fingerprints(flow: &Flow, b: &RecordBatch) -> Vec<u64> {
+        let fields = flow
+            .source_arrow
+            .fields()
+            .iter()
+            .map(|f| SortField::new(crate::core::nested::row_type(f.data_type())))
+            .collect();
+        let rows = RowConverter::new(fields)
+            .unwrap()
+            .convert_columns(b.columns())
+            .unwrap();
+        rows.iter().map(|r| xxh3_64(r.as_ref())).collect()
+    }
+
+    #[test]
+    fn the_sequence_is_taken_from_its_encoding_where_it_ends_the_columns() {
+        let [dbz, flat] = flows();
+        assert!(Codec::new(&dbz).unwrap().seq_tail);
+        assert!(!Codec::new(&flat).unwrap().seq_tail);
+    }
+
+    proptest! {
+        /// The state keeps fingerprints across versions: they are the
+        /// numbers the whole row's encoding gives, whichever way made.
+        #[test]
+        fn fingerprints_are_the_whole_rows_hash(
+            cells in proptest::collection::vec(proptest::option::of(-3i64..1000), 1..200),
+            rows in 1usize..40,
+        ) {
+            for flow in flows() {
+                let codec = Codec::new(&flow).unwrap();
+                let b = batch(&flow, &cells, rows);
+                let want = whole_row_fingerprints(&flow, &b);
+                prop_assert_eq!(&codec.fingerprints(&b).unwrap(), &want);
+                let seqs = codec.seq_rows(&b).unwrap();
+                let heads = codec.fingerprint_heads(&b).unwrap();
+                prop_assert_eq!(codec.fingerprints_of(heads.as_ref(), Some(&seqs), rows), want);
+            }
+        }
     }
 }
