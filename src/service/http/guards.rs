@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::errors::{ApiError, ApiResult};
@@ -33,7 +33,8 @@ pub(super) async fn request_timeout(
 }
 
 /// A `Content-Length` over `max_body_bytes` is refused at once, before any
-/// of the body is read (the body limit alone would wait for it).
+/// of the body is read (the body limit alone would wait for it); a body
+/// found over it while read is refused with the same code.
 pub(super) async fn content_length_limit(
     State(service): State<Arc<Service>>,
     req: axum::extract::Request,
@@ -50,7 +51,23 @@ pub(super) async fn content_length_limit(
             "the body is {n} bytes, over server.max_body_bytes = {limit}; send smaller requests"
         ))
         .into_response(),
-        _ => next.run(req).await,
+        _ => {
+            let resp = next.run(req).await;
+            // axum's own refusal of a body it found over the limit while
+            // reading it (one sent without `Content-Length`) is plain text:
+            // it gets the JSON error and code every refusal has.
+            let json = resp
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+            if resp.status() == StatusCode::PAYLOAD_TOO_LARGE && !json {
+                return ApiError::BodyTooLarge(format!(
+                    "the body is over server.max_body_bytes = {limit} bytes; send smaller requests"
+                ))
+                .into_response();
+            }
+            resp
+        }
     }
 }
 
