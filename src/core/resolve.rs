@@ -88,7 +88,7 @@ impl Codec {
         Ok(self.fingerprints_of(head.as_ref(), seqs.as_ref(), batch.num_rows()))
     }
 
-    /// The sequences of `batch`, encoded (as `encode` does).
+    /// The sequences of `batch`, encoded.
     fn seq_rows(&self, batch: &RecordBatch) -> Result<Rows> {
         let cols: Vec<ArrayRef> = self
             .seq_idx
@@ -676,7 +676,7 @@ fn encode(flow: &Flow, codec: &Codec, batch: &RecordBatch) -> Result<Encoded> {
     let cols =
         |idx: &[usize]| -> Vec<ArrayRef> { idx.iter().map(|&i| batch.column(i).clone()).collect() };
     let keys = codec.keys.convert_columns(&cols(&flow.key_idx))?;
-    let seqs = codec.seqs.convert_columns(&cols(&flow.seq_idx))?;
+    let seqs = codec.seq_rows(batch)?;
     let hashes = keys.iter().map(|k| hash_key(k.as_ref())).collect();
     let is_delete = mask(flow, flow.deletes.as_ref(), batch)?;
     Ok(Encoded {
