@@ -7,6 +7,10 @@ use clap::Parser;
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// The most threads the runtime runs blocking work on at once; more waits
+/// its turn (tokio's default is 512).
+const BLOCKING_THREADS: usize = 64;
+
 fn main() -> std::process::ExitCode {
     let cli = autocdc::tools::cli::Cli::parse();
     // Structured lines on stderr (`AUTOCDC_LOG`: error, warn, info (the
@@ -20,8 +24,14 @@ fn main() -> std::process::ExitCode {
         .with_max_level(level)
         .with_target(false)
         .init();
+    // The blocking pool (file reads and writes, fsyncs, body decoding) is
+    // bounded, and its threads stay a minute after a burst instead of tokio's
+    // 10 s: a service committing every few hundred ms reuses them rather than
+    // spawning and joining threads all day.
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(BLOCKING_THREADS)
+        .thread_keep_alive(std::time::Duration::from_secs(60))
         .build()
     {
         Ok(rt) => rt,

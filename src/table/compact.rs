@@ -592,22 +592,22 @@ pub async fn rewrite(
         }
     }
     if !parts.is_empty() {
-        let all = arrow_select::concat::concat_batches(&arrow, &parts)?;
-        drop(parts);
+        // Written from the pieces as read: joining them into one batch first
+        // held the surviving rows twice at compaction's peak.
         let written = write::data_files(
             file_io,
             namer,
             schema.clone(),
             spec_id,
             partitioner,
-            &all,
+            parts,
             target,
         )
         .await?;
         for (&(slot, pos), &(f, p)) in origin.iter().zip(&written.locs) {
             out.moves[slot as usize].1[pos as usize] = Some((f, p));
         }
-        out.rows_moved = all.num_rows() as u64;
+        out.rows_moved = written.locs.len() as u64;
         out.data = written.files;
     }
     for &i in &sel.drop_data {

@@ -241,16 +241,21 @@ pub struct Written {
     pub locs: Vec<(u32, u32)>,
 }
 
-/// One data file of a layout: its path, partition and rows.
+/// One data file of a layout: its path, partition and rows (slices of the
+/// batches laid out, in order: a file may span several).
 pub struct PlannedFile {
     pub path: String,
     partition: Struct,
-    rows: RecordBatch,
+    rows: Vec<RecordBatch>,
 }
 
 impl PlannedFile {
     pub fn partition(&self) -> &Struct {
         &self.partition
+    }
+
+    fn num_rows(&self) -> usize {
+        self.rows.iter().map(RecordBatch::num_rows).sum()
     }
 }
 
@@ -263,15 +268,42 @@ pub struct Layout {
     pub locs: Vec<(u32, u32)>,
 }
 
-/// Lays out `batch` (already in the table's Arrow schema) as data files of
-/// about `target_bytes` each, one set per partition when `partitioner` is given.
+/// Rows of one partition from one of the batches laid out: the rows, and
+/// each one's row number among all the batches' rows.
+struct Piece {
+    rows: RecordBatch,
+    numbers: Numbers,
+}
+
+enum Numbers {
+    /// The whole batch, its first row numbered `base`.
+    From(usize),
+    /// Rows taken from the batch whose first row is numbered `base`.
+    Taken { base: usize, rows: Vec<u32> },
+}
+
+impl Numbers {
+    fn of(&self, i: usize) -> usize {
+        match self {
+            Numbers::From(base) => base + i,
+            Numbers::Taken { base, rows } => base + rows[i] as usize,
+        }
+    }
+}
+
+/// Lays out `parts` (batches in the table's Arrow schema, their rows
+/// numbered one after the other) as data files of about `target_bytes`
+/// each, one set per partition when `partitioner` is given. Unpartitioned,
+/// the files are slices of `parts` (no copy: compaction lays out the
+/// surviving rows of many files without first joining them into one batch);
+/// partitioned, each partition's rows are taken once.
 pub fn layout(
     namer: &mut FileNamer,
     partitioner: Option<&Partitioner>,
-    batch: &RecordBatch,
+    parts: &[RecordBatch],
     target_bytes: u64,
 ) -> Result<Layout> {
-    let n = batch.num_rows();
+    let n: usize = parts.iter().map(RecordBatch::num_rows).sum();
     let mut out = Layout {
         files: Vec::new(),
         locs: vec![(0, 0); n],
@@ -280,40 +312,85 @@ pub fn layout(
         return Ok(out);
     }
     // Parquet with zstd is typically 3-5x smaller than Arrow in memory.
-    let arrow_bytes_per_row = (batch.get_array_memory_size() / n).max(1) as u64;
+    let memory: usize = parts.iter().map(RecordBatch::get_array_memory_size).sum();
+    let arrow_bytes_per_row = (memory / n).max(1) as u64;
     let rows_per_file =
         ((target_bytes * 4) / arrow_bytes_per_row).clamp(1024, MAX_FILE_ROWS as u64) as usize;
-    let groups = match partitioner {
-        None => vec![(Struct::empty(), None)],
-        Some(p) => p
-            .group(batch)?
-            .into_iter()
-            .map(|(s, rows)| (s, Some(rows)))
-            .collect(),
-    };
-    for (partition, rows) in groups {
-        let (part, dir) = match (&rows, partitioner) {
-            (Some(rows), Some(p)) => (take_batch(batch, rows)?, p.path(&partition)),
-            _ => (batch.clone(), String::new()),
-        };
-        let len_all = part.num_rows();
-        let mut start = 0;
-        while start < len_all {
-            let len = rows_per_file.min(len_all - start);
-            let file_idx = out.files.len() as u32;
-            for pos in 0..len {
-                let row = rows
-                    .as_ref()
-                    .map_or(start + pos, |r| r[start + pos] as usize);
-                out.locs[row] = (file_idx, pos as u32);
+    for (partition, dir, pieces) in partition_pieces(partitioner, parts)? {
+        let mut rows: Vec<RecordBatch> = Vec::new();
+        let mut len = 0usize;
+        for piece in pieces {
+            let mut start = 0;
+            while start < piece.rows.num_rows() {
+                if len == rows_per_file {
+                    out.files.push(PlannedFile {
+                        path: namer.next_in(&dir, "data"),
+                        partition: partition.clone(),
+                        rows: std::mem::take(&mut rows),
+                    });
+                    len = 0;
+                }
+                let take = (rows_per_file - len).min(piece.rows.num_rows() - start);
+                let file_idx = out.files.len() as u32;
+                for i in 0..take {
+                    out.locs[piece.numbers.of(start + i)] = (file_idx, (len + i) as u32);
+                }
+                rows.push(piece.rows.slice(start, take));
+                (start, len) = (start + take, len + take);
             }
+        }
+        if len > 0 {
             out.files.push(PlannedFile {
                 path: namer.next_in(&dir, "data"),
-                partition: partition.clone(),
-                rows: part.slice(start, len),
+                partition,
+                rows,
             });
-            start += len;
         }
+    }
+    Ok(out)
+}
+
+/// The partitions of `parts`' rows in order of their first row, each with
+/// its directory and its rows, one piece per batch holding any.
+fn partition_pieces(
+    partitioner: Option<&Partitioner>,
+    parts: &[RecordBatch],
+) -> Result<Vec<(Struct, String, Vec<Piece>)>> {
+    let mut base = 0usize;
+    let Some(p) = partitioner else {
+        let pieces = parts
+            .iter()
+            .filter(|b| b.num_rows() > 0)
+            .map(|b| {
+                let piece = Piece {
+                    rows: b.clone(),
+                    numbers: Numbers::From(base),
+                };
+                base += b.num_rows();
+                piece
+            })
+            .collect();
+        return Ok(vec![(Struct::empty(), String::new(), pieces)]);
+    };
+    let mut out: Vec<(Struct, String, Vec<Piece>)> = Vec::new();
+    let mut by_dir: HashMap<String, usize> = HashMap::new();
+    for b in parts {
+        for (partition, rows) in p.group(b)? {
+            let dir = p.path(&partition);
+            let at = match by_dir.get(&dir) {
+                Some(&at) => at,
+                None => {
+                    by_dir.insert(dir.clone(), out.len());
+                    out.push((partition, dir, Vec::new()));
+                    out.len() - 1
+                }
+            };
+            out[at].2.push(Piece {
+                rows: take_batch(b, &rows)?,
+                numbers: Numbers::Taken { base, rows },
+            });
+        }
+        base += b.num_rows();
     }
     Ok(out)
 }
@@ -392,13 +469,13 @@ pub async fn write_layout(
     files: Vec<PlannedFile>,
     used: FileUse,
 ) -> Result<Vec<DataFile>> {
-    let at_once = at_once(files.iter().map(|f| (f.path.as_str(), f.rows.num_rows())));
+    let at_once = at_once(files.iter().map(|f| (f.path.as_str(), f.num_rows())));
     let writes = files
         .into_iter()
         .map(|f| {
             let (file_io, schema) = (file_io.clone(), schema.clone());
             async move {
-                write_parquet(&file_io, f.path, schema, &[f.rows], used)
+                write_parquet(&file_io, f.path, schema, &f.rows, used)
                     .await?
                     .partition_spec_id(spec_id)
                     .partition(f.partition)
@@ -410,18 +487,21 @@ pub async fn write_layout(
     write_all(writes, at_once).await
 }
 
-/// Writes `batch` (already in the table's Arrow schema) as data files of
-/// about `target_bytes` each, one set per partition when `partitioner` is given.
+/// Writes `parts` (in the table's Arrow schema, rows numbered one after the
+/// other) as data files of about `target_bytes` each, one set per partition
+/// when `partitioner` is given.
 pub async fn data_files(
     file_io: &FileIO,
     namer: &mut FileNamer,
     schema: SchemaRef,
     spec_id: i32,
     partitioner: Option<&Partitioner>,
-    batch: &RecordBatch,
+    parts: Vec<RecordBatch>,
     target_bytes: u64,
 ) -> Result<Written> {
-    let Layout { files, locs } = layout(namer, partitioner, batch, target_bytes)?;
+    let Layout { files, locs } = layout(namer, partitioner, &parts, target_bytes)?;
+    // Unpartitioned, the files hold slices of `parts`; partitioned, copies.
+    drop(parts);
     Ok(Written {
         files: write_layout(file_io, schema, spec_id, files, FileUse::Table).await?,
         locs,
@@ -618,7 +698,7 @@ pub async fn state_files(
         .map(|rows| PlannedFile {
             path: namer.next("state"),
             partition: Struct::empty(),
-            rows,
+            rows: vec![rows],
         })
         .collect();
     write_layout(file_io, schema, spec_id, files, FileUse::State).await
@@ -693,25 +773,4 @@ pub fn to_schema(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::{IN_FLIGHT_ROWS, OBJECT_STORE_WRITES, local_writes, write_parallelism};
-
-    #[test]
-    fn object_stores_write_small_files_more_at_once_than_a_local_disk() {
-        let local = local_writes();
-        assert!((1..=4).contains(&local));
-        for rows in [1, 5_000, IN_FLIGHT_ROWS * 4] {
-            assert_eq!(write_parallelism("/w/db/t/data/a.parquet", rows), local);
-            assert_eq!(
-                write_parallelism("file:///w/db/t/data/a.parquet", rows),
-                local
-            );
-        }
-        let s3 = |rows| write_parallelism("s3://bucket/w/db/t/data/a.parquet", rows);
-        assert_eq!(s3(5_000), OBJECT_STORE_WRITES);
-        assert_eq!(s3(IN_FLIGHT_ROWS / 4), 4.max(local));
-        // Files of a row group or more: no more at once than on a disk.
-        assert_eq!(s3(IN_FLIGHT_ROWS), local);
-        assert_eq!(s3(IN_FLIGHT_ROWS * 8), local);
-    }
-}
+mod tests;

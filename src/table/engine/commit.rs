@@ -240,7 +240,7 @@ impl Engine {
         let layout = write::layout(
             &mut namer,
             self.partitioner.as_deref(),
-            &rows.inserts,
+            std::slice::from_ref(&rows.inserts),
             self.flow.target_file_size_bytes,
         )?;
         let ids: Vec<u32> = layout

@@ -216,7 +216,7 @@ fn adopted_table(created: &[&str], opened: &[&str]) {
             t.metadata.current_schema().clone(),
             0,
             partitioner.as_ref(),
-            &foreign,
+            vec![foreign.clone()],
             1 << 20,
         )
         .await
