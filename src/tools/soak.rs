@@ -703,27 +703,39 @@ async fn sample(
     Ok(s)
 }
 
-/// Flat, or growing with its slope: each figure's samples from minute 5 on
-/// (from the first third of the run when it is shorter than 15 minutes).
-/// The log keeps committed batches for the idempotency window (`log_fills`),
-/// so it grows until then by design: it is judged from the window's end.
+/// Flat, or growing with its slope: each figure's samples whose window
+/// starts at minute 5 or later (a sample's figures are its window's: peaks
+/// and the commits' percentiles since the sample before; from the first
+/// third of the run when it is shorter than 15 minutes). The log keeps
+/// committed batches for the idempotency window (`log_fills`), so it grows
+/// until then by design: it is judged from the window's end.
 fn verdicts(samples: &[Sample], duration: Duration, expected_rate: f64, log_fills: Duration) {
     let from = if duration >= Duration::from_secs(900) {
         300.0
     } else {
         duration.as_secs_f64() / 3.0
     };
-    if samples.iter().filter(|s| s.t >= from).count() < 2 {
+    // Where each sample's window starts: the sample before it.
+    let starts: Vec<f64> = std::iter::once(0.0)
+        .chain(samples.iter().map(|s| s.t))
+        .collect();
+    let after = |at: f64| -> Vec<&Sample> {
+        (samples.iter().zip(&starts))
+            .filter(|&(_, &start)| start >= at)
+            .map(|(s, _)| s)
+            .collect()
+    };
+    if after(from).len() < 2 {
         println!("verdicts: too few samples after {from:.0} s to judge");
         return;
     }
     let log_from = from.max(log_fills.as_secs_f64());
     println!(
-        "verdicts (samples from {from:.0} s on, the log's from {log_from:.0} s; within 1.2x = the largest sample at most 1.2x the smallest, growing = the last over 1.5x the first, commit rate within 20% of {expected_rate:.2}/s):"
+        "verdicts (samples of windows from {from:.0} s on, the log's from {log_from:.0} s; within 1.2x = the largest sample at most 1.2x the smallest, growing = the last over 1.5x the first, commit rate within 20% of {expected_rate:.2}/s):"
     );
     for (name, f) in FIGURES {
         let start = if name == "log MiB" { log_from } else { from };
-        let window: Vec<&Sample> = samples.iter().filter(|s| s.t >= start).collect();
+        let window = after(start);
         if window.len() < 2 {
             println!(
                 "  {name:<18} filling: it keeps committed batches for the idempotency window ({log_from:.0} s), judged after it"
