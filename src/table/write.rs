@@ -233,11 +233,11 @@ async fn write_parquet(
     })
 }
 
-/// Data files written for a batch, and where each of its rows went.
+/// Data files written for the batches laid out, and where each of their rows went.
 #[derive(Debug, Default)]
 pub struct Written {
     pub files: Vec<DataFile>,
-    /// Per row of the batch: (index into `files`, row position in that file).
+    /// Per row of the batches, numbered one after the other: (index into `files`, row position in that file).
     pub locs: Vec<(u32, u32)>,
 }
 
@@ -259,7 +259,7 @@ impl PlannedFile {
     }
 }
 
-/// Where the rows of a batch go, decided before any byte is written: the
+/// Where the rows of the batches laid out go, decided before any byte is written: the
 /// data files (one set per partition, rolled at about the target size) and
 /// each row's (file index, position). So the state can take the rows'
 /// locations while the files are still being encoded.
