@@ -17,12 +17,16 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload}
 
 use crate::config::S3Config;
 use crate::error::{Error, Result};
+use crate::table::local_files::{self, LocalFilesFactory, Written};
 
 #[derive(Debug, Clone)]
 pub struct Storage {
     backend: Backend,
     /// For messages: which S3 endpoint answered.
     endpoint: Option<String>,
+    /// On local disk: the files written and not yet synced, the FileIO's
+    /// and this storage's own (`sync`).
+    written: Arc<Written>,
 }
 
 #[derive(Debug, Clone)]
@@ -94,11 +98,27 @@ impl Storage {
 
     fn local(warehouse: &str) -> Result<Warehouse> {
         let local = warehouse.strip_prefix("file://").unwrap_or(warehouse);
+        let written = Arc::new(Written::default());
+        // Directories made here become durable with the first commit's
+        // sync, which takes those above its table (`local_files`).
+        let missing: Vec<std::path::PathBuf> = std::path::absolute(local)
+            .map(|a| {
+                a.ancestors()
+                    .take_while(|d| !d.exists())
+                    .map(std::path::Path::to_path_buf)
+                    .collect()
+            })
+            .unwrap_or_default();
         std::fs::create_dir_all(local).map_err(|e| {
             Error::Config(format!(
                 "warehouse `{warehouse}`: cannot create the directory: {e}"
             ))
         })?;
+        for d in missing {
+            if let Ok(d) = std::fs::canonicalize(d) {
+                written.made(&d);
+            }
+        }
         let abs = std::fs::canonicalize(local)
             .map_err(|e| Error::Config(format!("warehouse `{warehouse}`: {e}")))?;
         let abs = abs
@@ -110,11 +130,17 @@ impl Storage {
             storage: Storage {
                 backend: Backend::Local(Arc::new(LocalFileSystem::new())),
                 endpoint: None,
+                written: written.clone(),
             },
             root: format!("file://{abs}"),
-            file_io: FileIOBuilder::new(Arc::new(crate::table::local_files::LocalFilesFactory))
-                .build(),
+            file_io: FileIOBuilder::new(Arc::new(LocalFilesFactory::new(written))).build(),
         })
+    }
+
+    /// Files written to a local warehouse that no sync has made durable
+    /// yet (0 elsewhere): after a commit, none of its tables' are.
+    pub fn unsynced_files(&self) -> usize {
+        self.written.pending()
     }
 
     /// Makes what was written under `location` durable, names included:
@@ -127,7 +153,8 @@ impl Storage {
             return Ok(());
         }
         let at = location.to_string();
-        tokio::task::spawn_blocking(move || crate::table::local_files::sync(&at))
+        let written = self.written.clone();
+        tokio::task::spawn_blocking(move || local_files::sync(&written, &at))
             .await
             .map_err(|e| Error::Io(std::io::Error::other(e)))?
             .map_err(|e| {
@@ -166,6 +193,7 @@ impl Storage {
                 op,
             },
             endpoint: cfg.endpoint.clone(),
+            written: Arc::default(),
         })
     }
 
@@ -267,10 +295,11 @@ impl Storage {
                     mode: PutMode::Create,
                     ..Default::default()
                 };
-                match store
-                    .put_opts(&Self::local_path(location)?, PutPayload::from(bytes), opts)
-                    .await
-                {
+                let path = Self::local_path(location)?;
+                let made = self.written.put(location, async {
+                    store.put_opts(&path, PutPayload::from(bytes), opts).await
+                });
+                match made.await {
                     Ok(_) => Ok(true),
                     Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
                     Err(e) => Err(e.into()),
@@ -293,9 +322,9 @@ impl Storage {
     pub async fn put(&self, location: &str, bytes: Bytes) -> Result<()> {
         match &self.backend {
             Backend::Local(store) => {
-                store
-                    .put(&Self::local_path(location)?, PutPayload::from(bytes))
-                    .await?;
+                let path = Self::local_path(location)?;
+                let put = store.put(&path, PutPayload::from(bytes));
+                self.written.put(location, put).await?;
                 Ok(())
             }
             Backend::S3 { op, .. } => {

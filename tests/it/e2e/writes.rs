@@ -113,3 +113,45 @@ fn changed_keys_are_rejected_as_key_schema_drift() {
         assert!(e.to_string().contains("refresh --full"), "{e}");
     });
 }
+
+/// A local warehouse's files are written without a sync each; every
+/// commit syncs what its tables wrote (an fsync each when few, the file
+/// system when many, `table::local_files`). After every commit of an
+/// unpartitioned table, of one partitioned into more partitions than
+/// `FSYNC_EACH_MAX`, and after compaction (of five small files per
+/// partition), nothing is left waiting for a
+/// sync.
+#[test]
+fn every_commit_leaves_nothing_it_wrote_unsynced() {
+    use autocdc::table::local_files::FSYNC_EACH_MAX;
+    let tmp = tempfile::tempdir().unwrap();
+    let cities: Vec<&'static str> = (0..2 * FSYNC_EACH_MAX)
+        .map(|k| &*Box::leak(format!("c{k}").into_boxed_str()))
+        .collect();
+    rt().block_on(async {
+        let faults = Arc::new(Faults::default());
+        let cat = catalog(tmp.path(), faults.clone());
+        let storage = cat.storage().unwrap().clone();
+        for (t, by) in [("sync.flat", vec![]), ("sync.parts", vec!["city"])] {
+            let flow = partitioned_flow_for(t, &by);
+            let mut engine = Engine::open(flow.clone(), cat.clone(), faults.clone())
+                .await
+                .unwrap();
+            assert_eq!(storage.unsynced_files(), 0, "{t} created");
+            for i in 0..5i64 {
+                let evs: Vec<Ev> = (cities.iter().enumerate())
+                    .map(|(k, c)| u(k as i64 + 100 * i, c, i + 1))
+                    .collect();
+                engine.apply(&batch(&flow, &evs), i).await.unwrap();
+                assert_eq!(storage.unsynced_files(), 0, "{t}, commit {i}");
+            }
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64;
+            let compacted = engine.compact(now, false).await.unwrap();
+            assert!(compacted.data_files_written > 0, "{t}: {compacted:?}");
+            assert_eq!(storage.unsynced_files(), 0, "{t}, compacted");
+        }
+    });
+}
