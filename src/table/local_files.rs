@@ -7,15 +7,17 @@
 //!
 //! What a sync does depends on how many files wait for it under the
 //! table (`Written` notes them, for the FileIO and the catalog's `Storage`
-//! alike): a few (a commit of an unpartitioned table: its data and delete
-//! files, manifests, metadata) are fsync'd one by one with the directories
-//! that gained them, so a commit does not flush what other programs wrote
-//! to the same file system (a `syncfs` did: with 1.5 GB written elsewhere
-//! a commit waited for all of it); many (a partitioned commit touching
-//! dozens of partitions) are synced with one `syncfs`, several times
-//! cheaper than an fsync each there, and so still wait for others' writes.
-//! (On ext4 a journal commit may also wait for data another program
-//! replaced by truncating its file.)
+//! alike) and on how much the machine holds dirty. Many files (a
+//! partitioned commit touching dozens of partitions): one `syncfs`,
+//! several times cheaper than an fsync each. A few (a commit of an
+//! unpartitioned table: its data and delete files, manifests, metadata):
+//! one `syncfs` too while little is dirty (it then flushes about what the
+//! files alone would, in one journal commit), else an fsync of each file
+//! and of each directory that gained one, so a commit does not wait for
+//! what other programs wrote to the same file system (a `syncfs` did: with
+//! 1.5 GB written elsewhere, a commit waited for all of it). (On ext4 a
+//! journal commit may still wait for data another program replaced by
+//! truncating its file.)
 //!
 //! iceberg's own local storage (`LocalFsStorage`) makes the parent
 //! directories of every file and fsyncs every file as it closes it: a
@@ -72,12 +74,12 @@ pub struct LocalFiles {
     written: Arc<Written>,
 }
 
-/// Syncs of at most this many files fsync each one (and the directories
-/// that gained them); more are synced with one `syncfs`. On this project's
-/// ext4 disk, 250 files took 80 ms an fsync each against 17 ms for a
-/// `syncfs` with nothing else dirty, and a commit of `bench-long` (two
-/// tables, two syncs each, about five files before the metadata and two
-/// after) about 3 ms more (docs/dev/benchmarks.md).
+/// Syncs of at most this many files may fsync each one (and the
+/// directories that gained them, `sync`); more are synced with one
+/// `syncfs`. On this project's ext4 disk 250 files took 80 ms an fsync
+/// each against 17 ms for a `syncfs`, and with nothing else dirty the
+/// fsyncs of a `bench-long` commit (two tables, two syncs each) cost 3-10
+/// ms more than four `syncfs` (docs/dev/benchmarks.md).
 pub const FSYNC_EACH_MAX: usize = 16;
 
 /// At most this many files are noted: past it (files written and never
@@ -352,12 +354,48 @@ impl FileWrite for Unsynced {
 /// none, `sync`). A file deleted since it was written is skipped.
 pub fn sync(written: &Written, location: &str) -> std::io::Result<()> {
     match written.plan(location) {
+        // Little is dirty: one syncfs flushes about what the files alone
+        // would, and costs one journal commit where an fsync each costs one
+        // per file and directory.
+        SyncPlan::Each { .. } if quiet(system_dirty_bytes()) => sync_file_system(location),
         SyncPlan::Each { files, dirs } => {
             let all: Vec<PathBuf> = files.into_iter().chain(dirs).collect();
             fsync_each(&all)
         }
         SyncPlan::FileSystem => sync_file_system(location),
     }
+}
+
+/// At most this many bytes dirty or being written back, over the whole
+/// machine, and a sync of a few files is one `syncfs`: on this project's
+/// disk a `syncfs` flushes about 0.8 GB/s, so 8 MiB cost it about 10 ms,
+/// what an fsync each costs a commit more than a quiet `syncfs` there.
+const QUIET_DIRTY_BYTES: u64 = 8 << 20;
+
+/// Whether the machine's dirty bytes (None: unknown) are few enough for a
+/// `syncfs` to cost no more than an fsync of each file.
+fn quiet(dirty: Option<u64>) -> bool {
+    dirty.is_some_and(|d| d <= QUIET_DIRTY_BYTES)
+}
+
+/// Bytes the kernel holds dirty or is writing back (`/proc/meminfo`'s
+/// `Dirty` and `Writeback`); None where there is no such file.
+fn system_dirty_bytes() -> Option<u64> {
+    dirty_in(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+/// `Dirty` + `Writeback` of a `/proc/meminfo` text, in bytes.
+fn dirty_in(meminfo: &str) -> Option<u64> {
+    let kb = |name: &str| -> Option<u64> {
+        let line = meminfo.lines().find(|l| l.starts_with(name))?;
+        line[name.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((kb("Dirty:")? + kb("Writeback:")?) * 1024)
 }
 
 /// fsyncs `paths` (files and directories), one after another (from a
@@ -413,6 +451,19 @@ fn sync_fs(_dir: &std::fs::File) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use iceberg::io::FileIOBuilder;
+
+    #[test]
+    fn a_few_files_are_synced_with_the_file_system_only_while_little_is_dirty() {
+        let meminfo = "MemTotal:       24683784 kB\nDirty:              5120 kB\nWriteback:          1024 kB\nAnonPages: 1 kB\n";
+        assert_eq!(dirty_in(meminfo), Some(6 << 20));
+        assert_eq!(dirty_in("MemTotal: 1 kB\n"), None, "no Dirty line");
+        assert!(quiet(Some(6 << 20)));
+        assert!(quiet(Some(QUIET_DIRTY_BYTES)));
+        assert!(!quiet(Some(QUIET_DIRTY_BYTES + 1)));
+        assert!(!quiet(None), "unknown: an fsync each");
+        #[cfg(target_os = "linux")]
+        assert!(system_dirty_bytes().is_some());
+    }
 
     #[tokio::test]
     async fn files_are_written_read_and_deleted_in_new_directories() {
