@@ -82,9 +82,9 @@ pub struct LocalFiles {
 /// ms more than four `syncfs` (docs/dev/benchmarks.md).
 pub const FSYNC_EACH_MAX: usize = 16;
 
-/// At most this many files are noted: past it (files written and never
-/// committed, say) the notes are dropped and the next sync syncs the file
-/// system, which covers them.
+/// At most this many files and directories are noted: past it (files
+/// written and never committed, say) the notes are dropped and the next
+/// sync syncs the file system, which covers them.
 const NOTED_MAX: usize = 1 << 16;
 
 /// The files written under a local warehouse and not yet synced, and the
@@ -104,6 +104,19 @@ struct Noted {
     dropped: bool,
 }
 
+impl Noted {
+    /// Room for one more note: at `NOTED_MAX` the notes go and the next
+    /// sync is the file system's.
+    fn room(&mut self) -> &mut Noted {
+        if self.files.len() + self.dirs.len() >= NOTED_MAX {
+            self.files.clear();
+            self.dirs.clear();
+            self.dropped = true;
+        }
+        self
+    }
+}
+
 /// How a sync makes its files durable (`Written::plan`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SyncPlan {
@@ -120,24 +133,12 @@ pub enum SyncPlan {
 impl Written {
     /// `path` was written (and closed).
     pub fn file(&self, path: &Path) {
-        let mut n = self.lock();
-        if n.files.len() >= NOTED_MAX {
-            n.files.clear();
-            n.dirs.clear();
-            n.dropped = true;
-        }
-        n.files.insert(path.to_path_buf());
+        self.lock().room().files.insert(path.to_path_buf());
     }
 
     /// `dir` was made (its parent gained it).
     pub fn made(&self, dir: &Path) {
-        let mut n = self.lock();
-        if n.dirs.len() >= NOTED_MAX {
-            n.files.clear();
-            n.dirs.clear();
-            n.dropped = true;
-        }
-        n.dirs.insert(dir.to_path_buf());
+        self.lock().room().dirs.insert(dir.to_path_buf());
     }
 
     /// Runs `put`, a write of `location` by another writer (the catalog's
