@@ -1,8 +1,11 @@
 """Checks docker-compose.yml's structure without a Docker engine: the
 services docs/docker.md names, a healthcheck on each, the Dockerfile it builds,
-that every host file it mounts exists in the repository, and that the
-scale-out replicas share what they must (the NATS log and a catalog both
-reach, not a local warehouse) and keep their own data volume.
+that every host file it mounts exists in the repository, that the three
+autocdc services run one image built one way, that the scale-out replicas
+share what they must (the NATS log and a catalog both reach, not a local
+warehouse) and keep their own data volume, and that the Dockerfile's stages
+are in the order the legacy builder needs (integration/compose.sh builds
+`runtime-prebuilt`, users the last stage, from source).
 
 usage: check_compose.py [REPO_DIR]
 """
@@ -37,7 +40,25 @@ build = services.get("autocdc", {}).get("build", {})
 dockerfile = os.path.join(repo, build.get("context", "."), build.get("dockerfile", "Dockerfile"))
 if not os.path.exists(dockerfile):
     problems.append(f"{dockerfile} does not exist")
-replicas = [services.get(n, {}) for n in ("autocdc-a", "autocdc-b")]
+autocdcs = [services.get(n, {}) for n in ("autocdc", "autocdc-a", "autocdc-b")]
+if len({str(svc.get("image")) for svc in autocdcs}) != 1 or "image" not in autocdcs[0]:
+    problems.append("autocdc, autocdc-a and autocdc-b do not name one image")
+if len({repr(svc.get("build")) for svc in autocdcs}) != 1:
+    problems.append("autocdc, autocdc-a and autocdc-b build their image differently")
+if os.path.exists(dockerfile):
+    # The legacy builder (Debian's docker.io) builds every stage above its
+    # target: the prebuilt runtime must come before anything that compiles,
+    # and the default (last) stage is the runtime built from source.
+    stages = [line.split() for line in open(dockerfile) if line.upper().startswith("FROM ")]
+    names = [st[3] if len(st) > 3 and st[2].upper() == "AS" else None for st in stages]
+    compiling = [i for i, st in enumerate(stages) if st[1].startswith("rust:")]
+    if "runtime-prebuilt" not in names:
+        problems.append("Dockerfile has no runtime-prebuilt stage")
+    elif compiling and names.index("runtime-prebuilt") > compiling[0]:
+        problems.append("Dockerfile: runtime-prebuilt comes after a compiling stage")
+    if names and names[-1] != "runtime":
+        problems.append("Dockerfile: the last stage (the default) is not `runtime`")
+replicas = autocdcs[1:]
 configs, data = set(), []
 for name, svc in zip(("autocdc-a", "autocdc-b"), replicas):
     if "scale-out" not in svc.get("profiles", []):
