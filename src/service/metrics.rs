@@ -442,6 +442,21 @@ fn service_families(out: &mut String, service: &Service) {
         "1 once every flow is recovered.",
     );
     let _ = writeln!(out, "autocdc_ready {}", service.is_ready() as u8);
+    let (open, threads) = crate::service::wal::writer_usage();
+    family(
+        out,
+        "autocdc_log_open_segments",
+        "gauge",
+        "Segment files the local logs hold open (at most 256 plus one per writer thread, however many flows).",
+    );
+    let _ = writeln!(out, "autocdc_log_open_segments {open}");
+    family(
+        out,
+        "autocdc_log_writer_threads",
+        "gauge",
+        "Threads writing the local logs, shared by every flow.",
+    );
+    let _ = writeln!(out, "autocdc_log_writer_threads {threads}");
     let c = &service.connections;
     family(
         out,

@@ -1,17 +1,20 @@
 //! `LocalLog`: a flow's log in a directory of segment files. Opening it
 //! recovers what is there (a torn last segment cut, damage elsewhere
-//! refused with its fix) and starts the writer thread; `LocalLogs` opens
-//! one per flow, and `identity` names it for the target's offsets.
+//! refused with its fix) and hands its writer to the process's writer pool
+//! (`pool`); `LocalLogs` opens one per flow, and `identity` names it for the
+//! target's offsets.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
+use super::pool::{Mailbox, pool};
 use super::segment::{Segment, read_segment, segment_firsts, segment_path, sync_dir};
 use super::writer::{Cmd, Writer};
 use super::{Appended, IngestLog, LogFactory, LogStats, Record};
@@ -20,7 +23,7 @@ use crate::fault::Faults;
 
 /// Segment files roll at this size (smaller for a small `max_log_bytes`).
 const SEGMENT_BYTES: u64 = 64 << 20;
-/// Appends waiting for the writer thread, per flow.
+/// Appends waiting for the writer pool, per flow.
 const QUEUE: usize = 1024;
 
 /// A `LocalLog` per flow in `<root>/<flow>/wal`.
@@ -87,13 +90,29 @@ pub fn identity(dir: &Path) -> Result<String> {
     Ok(id)
 }
 
-/// Segment files in one directory, written by one thread that fsyncs once
-/// per group of concurrent appends.
-#[derive(Debug)]
+/// Segment files in one directory, written by a thread of the writer pool
+/// that fsyncs once per group of concurrent appends.
 pub struct LocalLog {
     dir: PathBuf,
-    tx: mpsc::Sender<Cmd>,
+    /// `None` only while dropped.
+    tx: Option<mpsc::Sender<Cmd>>,
+    mailbox: Arc<Mailbox>,
     stats: Arc<Mutex<LogStats>>,
+}
+
+impl std::fmt::Debug for LocalLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalLog").field("dir", &self.dir).finish()
+    }
+}
+
+impl Drop for LocalLog {
+    fn drop(&mut self) {
+        // The writer handles what was sent, then sees the channel closed
+        // and lets its file and memory go.
+        self.tx = None;
+        self.mailbox.schedule();
+    }
 }
 
 impl LocalLog {
@@ -178,9 +197,11 @@ impl LocalLog {
             next = next.max(seg.last + 1).max(first);
             segments.push(seg);
         }
-        // Appends go to a fresh segment, so an existing file is never appended to.
+        // Appends go to a fresh segment, so an existing file is never
+        // appended to. Made now (it records where offsets stand), opened
+        // again by the first append.
         segments.push(Segment::empty(next));
-        let file = OpenOptions::new()
+        OpenOptions::new()
             .create(true)
             .append(true)
             .open(segment_path(dir, next))?;
@@ -189,7 +210,8 @@ impl LocalLog {
         let w = Writer {
             dir: dir.to_path_buf(),
             segments,
-            file: BufWriter::with_capacity(1 << 20, file),
+            file: None,
+            last_used: Instant::now(),
             next,
             keys,
             segment_bytes,
@@ -210,12 +232,11 @@ impl LocalLog {
         };
         w.publish();
         let (tx, rx) = mpsc::channel(queue.max(1));
-        std::thread::Builder::new()
-            .name(format!("wal-{}", dir.display()))
-            .spawn(move || w.run(rx))?;
+        let mailbox = pool().add(w, rx)?;
         Ok(LocalLog {
             dir: dir.to_path_buf(),
-            tx,
+            tx: Some(tx),
+            mailbox,
             stats,
         })
     }
@@ -226,7 +247,9 @@ impl LocalLog {
             code: codes::WAL_CLOSED,
             message: format!("the log in {} is closed", self.dir.display()),
         };
-        self.tx.send(cmd(reply)).await.map_err(|_| closed())?;
+        let tx = self.tx.as_ref().ok_or_else(closed)?;
+        tx.send(cmd(reply)).await.map_err(|_| closed())?;
+        self.mailbox.schedule();
         rx.await.map_err(|_| closed())?
     }
 }

@@ -14,8 +14,9 @@
 //!
 //! `segment` is the file format (records framed with a checksum, a segment
 //! per run of offsets), `local` the `LocalLog` (open and recovery, the
-//! factory, the log's identity) and `writer` its writer thread (group
-//! commit, rollback of a failed group, release and eviction).
+//! factory, the log's identity), `writer` its writer (group commit,
+//! rollback of a failed group, release and eviction) and `pool` the writer
+//! threads and open-file bound all the logs of the process share.
 
 use std::sync::Arc;
 
@@ -24,12 +25,14 @@ use bytes::Bytes;
 use crate::error::Result;
 
 mod local;
+mod pool;
 mod segment;
 #[cfg(test)]
 mod tests;
 mod writer;
 
 pub use local::{LocalLog, LocalLogs, identity};
+pub use pool::{MAX_OPEN as MAX_OPEN_SEGMENTS, THREADS as WRITER_THREADS, usage as writer_usage};
 
 /// One appended batch.
 #[derive(Debug, Clone)]

@@ -4,8 +4,9 @@
 //! remains of a crash mid-append).
 
 use std::fs::File;
-use std::io::Read;
+use std::io::{BufWriter, Read};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 
@@ -14,6 +15,16 @@ use crate::error::Result;
 
 const MAGIC: u32 = 0xACDC_0001;
 const HEADER: usize = 12;
+/// The write buffer of an open segment (a larger record bypasses it).
+const BUFFER: usize = 256 << 10;
+/// Segments open for appending in the process.
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// How many segments the process holds open for appending now.
+pub(super) fn open_segments() -> usize {
+    OPEN.load(Ordering::Relaxed)
+}
+
 /// Largest record accepted (bodies are limited far below this by the server).
 const MAX_RECORD: usize = 1 << 30;
 
@@ -118,4 +129,41 @@ pub(super) fn read_segment(path: &Path) -> Result<(Vec<Record>, u64)> {
 pub(super) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)?.sync_all()?;
     Ok(())
+}
+
+/// An open segment file, counted (`open_segments`) while it lives; the
+/// writer pool keeps the count under its bound.
+pub(super) struct OpenFile {
+    pub(super) w: BufWriter<File>,
+    _slot: Slot,
+}
+
+struct Slot;
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        OPEN.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl OpenFile {
+    /// Opens (creating it if needed) a segment for appending.
+    pub(super) fn open(path: &Path) -> Result<OpenFile> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        OPEN.fetch_add(1, Ordering::Relaxed);
+        Ok(OpenFile {
+            w: BufWriter::with_capacity(BUFFER, file),
+            _slot: Slot,
+        })
+    }
+
+    /// Closes the file without writing what is buffered (a failed group's
+    /// bytes, which must never reach the file).
+    pub(super) fn discard(self) {
+        let OpenFile { w, _slot } = self;
+        drop(w.into_parts());
+    }
 }

@@ -249,3 +249,49 @@ fn concurrent_appends_get_distinct_offsets() {
         assert_eq!(log.stats().next_offset, 151);
     });
 }
+
+/// Logs cost neither a thread nor a file each: many logs share the pool's
+/// threads, hold at most `MAX_OPEN` segment files (plus one per thread at
+/// work), and a log whose file was closed appends and replays as before.
+#[test]
+fn many_logs_share_the_pool_and_a_bounded_set_of_open_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    rt().block_on(async {
+        let before = fds();
+        let n = 2 * MAX_OPEN_SEGMENTS + 10;
+        let dir = |i: usize| tmp.path().join(format!("flow{i}"));
+        let logs: Vec<LocalLog> = (0..n)
+            .map(|i| LocalLog::open(&dir(i), 0, 1 << 20, u64::MAX, 8).unwrap())
+            .collect();
+        for round in 1..=2i64 {
+            for log in &logs {
+                let a = log.append(None, b("x"), round).await.unwrap();
+                assert_eq!(a.offset, round);
+                let (open, threads) = writer_usage();
+                assert!(
+                    open <= MAX_OPEN_SEGMENTS + WRITER_THREADS,
+                    "{open} files open"
+                );
+                assert!(threads <= WRITER_THREADS, "{threads} writer threads");
+            }
+        }
+        let open_fds = fds() - before;
+        assert!(
+            open_fds <= MAX_OPEN_SEGMENTS + WRITER_THREADS + 16,
+            "{open_fds} descriptors for {n} logs"
+        );
+        drop(logs);
+        for i in [0, n / 2, n - 1] {
+            let log = LocalLog::open(&dir(i), 0, 1 << 20, u64::MAX, 8).unwrap();
+            let offsets: Vec<i64> = log
+                .replay(0)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.offset)
+                .collect();
+            assert_eq!(offsets, vec![1, 2], "log {i}");
+        }
+    });
+}

@@ -1,18 +1,19 @@
-//! The log's writer thread: it drains up to 4096 commands, writes the
-//! group's appends, syncs once and only then acknowledges; a failed group is
-//! cut back out of the file (`rollback`) and the log stays usable. Release
-//! deletes committed segments, and `evict` keeps the log under its bound.
+//! The log's writer: a pool thread (`pool`) hands it a group of up to 4096
+//! commands; it writes the group's appends, syncs once and only then
+//! acknowledges; a failed group is cut back out of the file (`rollback`)
+//! and the log stays usable. Release deletes committed segments, and
+//! `evict` keeps the log under its bound.
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-use super::segment::{Segment, encode, segment_path, sync_dir};
+use super::segment::{OpenFile, Segment, encode, segment_path, sync_dir};
 use super::{Appended, LogStats, Record};
 use crate::error::{Error, Result, codes};
 
@@ -33,7 +34,11 @@ pub(super) enum Cmd {
 pub(super) struct Writer {
     pub(super) dir: PathBuf,
     pub(super) segments: Vec<Segment>,
-    pub(super) file: BufWriter<File>,
+    /// The active (last) segment, while open: opened by the first write
+    /// after it was closed, closed when idle (`pool`).
+    pub(super) file: Option<OpenFile>,
+    /// When the last group was handled.
+    pub(super) last_used: Instant,
     pub(super) next: i64,
     pub(super) keys: HashMap<String, i64>,
     pub(super) segment_bytes: u64,
@@ -67,21 +72,30 @@ pub(super) struct Mark {
 }
 
 impl Writer {
-    pub(super) fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
-        while let Some(first) = rx.blocking_recv() {
-            let mut group = vec![first];
-            while group.len() < 4096 {
-                match rx.try_recv() {
-                    Ok(c) => group.push(c),
-                    Err(_) => break,
-                }
-            }
-            self.handle(group);
-        }
-        let _ = self.file.flush();
+    /// Whether the active segment is open now.
+    pub(super) fn holds_file(&self) -> bool {
+        self.file.is_some()
     }
 
-    fn handle(&mut self, group: Vec<Cmd>) {
+    /// Closes the active segment if nothing is buffered for it (after a
+    /// group, everything written is synced).
+    pub(super) fn close_file(&mut self) {
+        if self.file.as_ref().is_some_and(|f| f.w.buffer().is_empty()) {
+            self.file = None;
+        }
+    }
+
+    /// The active segment, opened if it is closed.
+    fn active(&mut self) -> Result<&mut OpenFile> {
+        if self.file.is_none() {
+            let first = self.segments.last().expect("an active segment").first;
+            self.file = Some(OpenFile::open(&segment_path(&self.dir, first))?);
+        }
+        Ok(self.file.as_mut().expect("opened above"))
+    }
+
+    pub(super) fn handle(&mut self, group: Vec<Cmd>) {
+        self.last_used = Instant::now();
         let mut acks = Vec::new();
         // A rollback that failed last time is retried before anything else.
         let mut broken: Option<String> = None;
@@ -198,8 +212,10 @@ impl Writer {
                 "injected fault: the log's sync failed",
             )));
         }
-        self.file.flush()?;
-        self.file.get_ref().sync_data()?;
+        if let Some(f) = self.file.as_mut() {
+            f.w.flush()?;
+            f.w.get_ref().sync_data()?;
+        }
         Ok(())
     }
 
@@ -222,9 +238,9 @@ impl Writer {
     /// from there. If this fails midway, appends stay refused until a later
     /// call succeeds.
     fn rollback(&mut self, mark: Mark) -> Result<()> {
-        let null = OpenOptions::new().write(true).open("/dev/null")?;
-        let stale = std::mem::replace(&mut self.file, BufWriter::with_capacity(0, null));
-        drop(stale.into_parts());
+        if let Some(stale) = self.file.take() {
+            stale.discard();
+        }
         while self.segments.last().is_some_and(|s| s.first > mark.segment) {
             let s = self.segments.pop().expect("a segment");
             match std::fs::remove_file(s.path(&self.dir)) {
@@ -235,7 +251,7 @@ impl Writer {
         let path = match self.segments.last_mut().filter(|s| s.first == mark.segment) {
             Some(seg) => {
                 let path = seg.path(&self.dir);
-                let f = OpenOptions::new().write(true).open(&path)?;
+                let f = std::fs::OpenOptions::new().write(true).open(&path)?;
                 f.set_len(mark.bytes)?;
                 f.sync_all()?;
                 seg.bytes = mark.bytes;
@@ -252,9 +268,8 @@ impl Writer {
                 segment_path(&self.dir, mark.next)
             }
         };
-        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        self.file = Some(OpenFile::open(&path)?);
         sync_dir(&self.dir)?;
-        self.file = BufWriter::with_capacity(1 << 20, file);
         self.next = mark.next;
         self.keys.retain(|_, &mut o| o < mark.next);
         Ok(())
@@ -296,7 +311,7 @@ impl Writer {
                 });
             }
         }
-        self.file.write_all(&frame)?;
+        self.active()?.w.write_all(&frame)?;
         self.next += 1;
         let seg = self.segments.last_mut().expect("an active segment");
         if seg.bytes == 0 {
@@ -317,12 +332,9 @@ impl Writer {
 
     fn roll(&mut self) -> Result<()> {
         self.sync()?;
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(segment_path(&self.dir, self.next))?;
+        self.file = None;
+        self.file = Some(OpenFile::open(&segment_path(&self.dir, self.next))?);
         sync_dir(&self.dir)?;
-        self.file = BufWriter::with_capacity(1 << 20, file);
         self.segments.push(Segment::empty(self.next));
         Ok(())
     }
