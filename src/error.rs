@@ -77,11 +77,58 @@ pub enum Error {
     #[error("[AUTOCDC_PARQUET] {0}")]
     Parquet(#[from] parquet::errors::ParquetError),
 
+    /// The process ran out of open files or memory (`From<io::Error>`
+    /// tells them from other I/O errors): the message names the limit.
+    #[error("[AUTOCDC_RESOURCE_EXHAUSTED] {0}")]
+    Exhausted(String),
+
     #[error("[AUTOCDC_IO] {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
 
     #[error("[AUTOCDC_JSON] {0}")]
     Json(#[from] serde_json::Error),
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        match exhausted(&e) {
+            Some(message) => Error::Exhausted(message),
+            None => Error::Io(e),
+        }
+    }
+}
+
+/// What the process ran out of, with the limit and the fix, when `e` says
+/// it ran out of open files or memory.
+fn exhausted(e: &std::io::Error) -> Option<String> {
+    let (what, fix) = match e.raw_os_error()? {
+        libc::EMFILE => {
+            // The soft limit as the kernel states it (no unsafe getrlimit).
+            let soft = std::fs::read_to_string("/proc/self/limits")
+                .ok()
+                .and_then(|l| {
+                    let line = l.lines().find(|l| l.starts_with("Max open files"))?;
+                    Some(line.split_whitespace().nth(3)?.to_string())
+                })
+                .unwrap_or_else(|| "unknown".into());
+            (
+                "open files".to_string(),
+                format!("its limit (`ulimit -n`) is {soft}: raise it, or run fewer flows"),
+            )
+        }
+        libc::ENFILE => (
+            "open files of the whole system".to_string(),
+            "raise fs.file-max, or run fewer processes".to_string(),
+        ),
+        libc::ENOMEM => (
+            "memory".to_string(),
+            "give it more memory, or run fewer flows".to_string(),
+        ),
+        _ => return None,
+    };
+    Some(format!(
+        "the process ran out of {what} ({e}); {fix}; the other flows go on"
+    ))
 }
 
 fn column_part(column: &str) -> String {
@@ -110,6 +157,7 @@ impl Error {
             Error::Storage(_) => codes::STORAGE,
             Error::Arrow(_) => codes::ARROW_LIBRARY,
             Error::Parquet(_) => codes::PARQUET,
+            Error::Exhausted(_) => codes::RESOURCE_EXHAUSTED,
             Error::Io(_) => codes::IO,
             Error::Json(_) => codes::JSON,
         }
@@ -235,6 +283,7 @@ pub mod codes {
     pub const ARROW_LIBRARY: &str = "AUTOCDC_ARROW";
     pub const PARQUET: &str = "AUTOCDC_PARQUET";
     pub const IO: &str = "AUTOCDC_IO";
+    pub const RESOURCE_EXHAUSTED: &str = "AUTOCDC_RESOURCE_EXHAUSTED";
     pub const JSON: &str = "AUTOCDC_JSON";
 }
 
@@ -337,6 +386,11 @@ pub const REGISTRY: &[CodeInfo] = {
         info(ARROW_LIBRARY, 500, "an error from Arrow, with its message"),
         info(PARQUET, 500, "an error from Parquet, with its message"),
         info(IO, 500, "an error from the file system, with its message"),
+        info(
+            RESOURCE_EXHAUSTED,
+            503,
+            "the process ran out of open files or memory: the limit and the fix in the message; retry later",
+        ),
         info(JSON, 400, "a JSON document that does not parse, with its message"),
     ]
 };

@@ -94,6 +94,10 @@ pub struct ErrorBody {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
+        // What the server failed at is in its log too, not only in the answer.
+        if status == StatusCode::INTERNAL_SERVER_ERROR || self.code() == codes::RESOURCE_EXHAUSTED {
+            tracing::error!(code = self.code(), error = %self.message(), "request_failed");
+        }
         let (row, column) = match &self {
             ApiError::Library(Error::Batch { row, column, .. }) => {
                 (Some(*row), Some(column.clone()).filter(|c| !c.is_empty()))
