@@ -50,6 +50,8 @@ pub use runtime::{Accepted, COMMIT_BUCKETS, Committed, FlowRuntime, MaintainRequ
 pub use status::{FlowStatus, MaintenanceStatus};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Flows opened at once when the service starts.
+const START_AT_ONCE: usize = 16;
 
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -182,8 +184,26 @@ impl Service {
         for f in configured {
             flows.insert(f.name.clone(), f);
         }
+        // Flows start several at a time (a restart with thousands of flows
+        // waits on the catalog's and the disk's latency, not on the CPU);
+        // flows that share a target start one after another, in name order.
+        let mut by_target: HashMap<iceberg::TableIdent, Vec<Flow>> = HashMap::new();
         for (_, flow) in flows {
-            self.start_flow(flow).await?;
+            by_target.entry(flow.target.clone()).or_default().push(flow);
+        }
+        use futures::StreamExt;
+        let mut starts = futures::stream::iter(by_target.into_values().map(|mut group| {
+            group.sort_by(|a, b| a.name.cmp(&b.name));
+            async move {
+                for flow in group {
+                    self.start_flow(flow).await?;
+                }
+                Ok::<_, Error>(())
+            }
+        }))
+        .buffer_unordered(START_AT_ONCE);
+        while let Some(started) = starts.next().await {
+            started?;
         }
         self.loaded_revision
             .store(loaded.revision, std::sync::atomic::Ordering::SeqCst);
