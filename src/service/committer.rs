@@ -101,30 +101,25 @@ pub(super) async fn committer(
                 continue;
             }
         }
-        // A commit is CPU-heavy (resolve, Parquet encoding): let the other
-        // tasks of this worker (request handlers) move to another thread.
-        // A panic inside it is caught: the flow degrades and retries, the
-        // process and the other flows go on.
-        let handle = tokio::runtime::Handle::current();
-        let outcome = tokio::task::block_in_place(|| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                handle.block_on(commit_once(&rt, &mut engine, &catalog, &faults, window))
-            }))
-        })
-        .unwrap_or_else(|panic| {
-            // The engine may be half-way through a commit: reopen it.
-            engine = None;
-            Err(Error::State {
-                code: codes::COMMITTER_PANIC,
-                message: format!("the commit panicked: {}", panic_message(&*panic)),
-            })
-        });
+        let outcome = heavy(commit_once(&rt, &mut engine, &catalog, &faults, window))
+            .await
+            .unwrap_or_else(|panic| {
+                // The engine may be half-way through a commit: reopen it.
+                engine = None;
+                Err(Error::State {
+                    code: codes::COMMITTER_PANIC,
+                    message: format!("the commit panicked: {panic}"),
+                })
+            });
         maintain_if_due(&rt, &mut engine, &catalog, &faults, &schedule, &mut clock).await;
         match outcome {
             Ok(next) => {
-                if rt.lock().status.degraded {
-                    tracing::info!(flow = %rt.flow.name, "commit_recovered");
-                }
+                // A round that went through ends the failure, whether or
+                // not it had anything to commit: with nothing pending the
+                // flow would otherwise stay `degraded` (and /readyz 503)
+                // until new data came, which an unready instance may never
+                // be sent.
+                rt.recovered();
                 backoff = Duration::from_millis(100);
                 let asked = rt.requested.load(std::sync::atomic::Ordering::SeqCst);
                 if stopping && next == Next::Empty {
@@ -298,18 +293,12 @@ async fn run_maintenance(
             return Err(e);
         }
     };
-    // Compaction decodes and encodes Parquet: like a commit, off this
-    // worker's other tasks, and a panic in it degrades the run, not the flow.
-    let handle = tokio::runtime::Handle::current();
-    let result = tokio::task::block_in_place(|| {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            handle.block_on(eng.maintain(opts))
-        }))
-    })
-    .unwrap_or_else(|panic| {
+    // Compaction decodes and encodes Parquet: like a commit, and a panic in
+    // it degrades the run, not the flow.
+    let result = heavy(eng.maintain(opts)).await.unwrap_or_else(|panic| {
         Err(Error::State {
             code: codes::COMMITTER_PANIC,
-            message: format!("maintenance panicked: {}", panic_message(&*panic)),
+            message: format!("maintenance panicked: {panic}"),
         })
     });
     rt.record_maintenance(&result.as_ref(), opts.dry_run);
@@ -381,6 +370,31 @@ async fn follow(rt: &FlowRuntime, catalog: &Arc<dyn Catalog>) -> Result<()> {
     }
     rt.log_end().await?;
     Ok(())
+}
+
+/// Commits and maintenance runs of all flows at once, at most.
+const HEAVY_AT_ONCE: usize = 8;
+
+/// Runs `work` (a commit or a maintenance run: CPU-heavy, resolve and
+/// Parquet encoding) on this thread, off the worker's other tasks (request
+/// handlers move to another thread), once one of `HEAVY_AT_ONCE` places is
+/// free. Each runs on a thread of the runtime's bounded blocking pool and
+/// waits there for its own file I/O, which needs threads of that pool too:
+/// unbounded, a few hundred flows committing at once took every thread and
+/// waited forever for their I/O. A panic inside is caught and returned as
+/// its message: the flow degrades and retries, the process and the other
+/// flows go on.
+async fn heavy<T>(work: impl std::future::Future<Output = T>) -> std::result::Result<T, String> {
+    static PLACES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(HEAVY_AT_ONCE);
+    let _place = PLACES
+        .acquire()
+        .await
+        .expect("the semaphore is never closed");
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::block_in_place(|| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle.block_on(work)))
+    })
+    .map_err(|panic| panic_message(&*panic))
 }
 
 /// The text of a caught panic.

@@ -4,9 +4,11 @@
 //! `requests`: content types, refusals, tokens, retries, metrics;
 //! `definitions`: flows defined over HTTP; `commits`: backpressure, crash
 //! recovery, cadence, the log's bounds, maintenance; `snapshots`:
-//! `from_snapshot` and SCD Type 2 flows.
+//! `from_snapshot` and SCD Type 2 flows; `many_flows`: more flows than
+//! blocking threads or open files.
 
 mod commits;
 mod definitions;
+mod many_flows;
 mod requests;
 mod snapshots;
