@@ -74,6 +74,9 @@ pub(super) async fn committer(
                 // The holder's state lives there: none here (memory).
                 engine = None;
                 rt.refuse_maintenance();
+                // Commits failing while this instance held the flow are
+                // not this instance's to report once it does not.
+                rt.recovered();
                 if stopping {
                     return;
                 }
@@ -418,6 +421,18 @@ enum Next {
 }
 
 impl FlowRuntime {
+    /// The commits go through again (or are no longer made here): the flow
+    /// is not `degraded` any more.
+    fn recovered(&self) {
+        let mut inner = self.lock();
+        if inner.status.degraded {
+            inner.status.degraded = false;
+            inner.status.last_error = None;
+            drop(inner);
+            tracing::info!(flow = %self.flow.name, "commit_recovered");
+        }
+    }
+
     /// The committer is gone: the runs asked for will not happen.
     fn refuse_maintenance(&self) {
         // Dropping the senders answers each waiting request.

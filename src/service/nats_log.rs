@@ -437,6 +437,22 @@ impl NatsLog {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The stream answered `info` with a leader, which takes publishes:
+    /// the log is writable again. Without this a failed publish would
+    /// leave `failing` (and /readyz 503) until a push went through, which
+    /// an instance taken out of rotation for being unready is never sent.
+    /// (A member of a leaderless group answers info too, so the leader is
+    /// what counts, not the answer.)
+    fn answered(&self, info: &stream::Info) {
+        let led = info.cluster.as_ref().is_none_or(|c| c.leader.is_some());
+        let mut g = self.lock();
+        if led && g.failing {
+            g.failing = false;
+            drop(g);
+            tracing::info!(flow = %self.flow, "log_recovered");
+        }
+    }
+
     fn failed(&self, e: impl std::fmt::Display) -> Error {
         let mut g = self.lock();
         g.failing = true;
@@ -512,6 +528,16 @@ impl IngestLog for NatsLog {
                     message: format!("the batch is too large for the NATS server ({e})"),
                 });
             }
+            Ok(Err(e)) if e.kind() == PublishErrorKind::StreamNotFound => {
+                // No responders: no server took the subject, so nothing
+                // was stored. On a cluster that is mostly a stream without
+                // a leader for the seconds of an election (async-nats
+                // words it "no stream found for given subject").
+                return Err(self.failed(format!(
+                    "no JetStream server took the publish (no responders), so nothing was stored: the stream `{}` has no leader at the moment (a cluster elects one within seconds of losing a server), or it was deleted",
+                    self.stream.cached_info().config.name
+                )));
+            }
             Ok(Err(e)) => {
                 let text = e.to_string();
                 // A full stream (discard = new) refuses: nothing is lost,
@@ -556,6 +582,7 @@ impl IngestLog for NatsLog {
             .get_info()
             .await
             .map_err(|e| unavailable(&name, e))?;
+        self.answered(&info);
         let (first, last) = (
             info.state.first_sequence as i64,
             info.state.last_sequence as i64,
@@ -656,6 +683,7 @@ impl IngestLog for NatsLog {
             .get_info()
             .await
             .map_err(|e| unavailable(&name, e))?;
+        self.answered(&info);
         let mut g = self.lock();
         let early: Vec<i64> = g
             .appended
@@ -686,6 +714,7 @@ impl IngestLog for NatsLog {
             .get_info()
             .await
             .map_err(|e| unavailable(&name, e))?;
+        self.answered(&info);
         let last = info.state.last_sequence as i64;
         let mut g = self.lock();
         g.next_offset = g.next_offset.max(last + 1);

@@ -1,6 +1,6 @@
 //! `autocdc serve` on the NATS JetStream ingest log (`[ingest] type =
 //! "nats"`), against the server `integration/backends.sh up nats` started
-//! (and, for the outage test, a server of the test's own).
+//! (and, for the outage tests, a server of the test's own).
 //!
 //! What is shown: an acknowledged batch survives the loss of the machine
 //! that took it (a new instance with an empty data directory replays it
@@ -8,9 +8,10 @@
 //! duplicate window, across that restart too; committed messages are purged
 //! once their window passed; a full stream refuses with 429 and loses
 //! nothing; a NATS outage makes pushes 503 and `/readyz` unready, and the
-//! flow goes on when the server is back; a stream not found is not made
-//! again; a stream holding another table's messages is refused until
-//! adopted or reset. Several instances on one log: `instances`.
+//! flow goes on when the server is back, ready again without a push; a
+//! stream not found is not made again; a stream holding another table's
+//! messages is refused until adopted or reset. Several instances on one
+//! log: `instances`.
 
 use crate::common;
 
@@ -375,40 +376,104 @@ fn a_full_stream_refuses_with_429_and_loses_nothing() {
     });
 }
 
-#[test]
-fn a_nats_outage_makes_pushes_503_and_readyz_unready_then_the_flow_goes_on() {
-    let Ok(bin) = std::env::var("AUTOCDC_TEST_NATS_SERVER") else {
-        panic!(
-            "AUTOCDC_TEST_NATS_SERVER is not set: run `eval \"$(bash integration/backends.sh up)\"` first"
+/// A nats-server of the test's own, which it kills and starts again:
+/// on `port`, keeping its streams in `store` across restarts; killed when
+/// dropped (a failed test leaves no server behind).
+struct OwnNats {
+    bin: String,
+    port: u16,
+    store: std::path::PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl OwnNats {
+    /// Started.
+    fn new(dir: &std::path::Path) -> OwnNats {
+        let Ok(bin) = std::env::var("AUTOCDC_TEST_NATS_SERVER") else {
+            panic!(
+                "AUTOCDC_TEST_NATS_SERVER is not set: run `eval \"$(bash integration/backends.sh up)\"` first"
+            );
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut own = OwnNats {
+            bin,
+            port,
+            store: dir.join("nats"),
+            child: None,
+        };
+        own.start();
+        own
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server; returns once it takes connections.
+    fn start(&mut self) {
+        let port = self.port.to_string();
+        self.child = Some(
+            std::process::Command::new(&self.bin)
+                .args(["-js", "-a", "127.0.0.1", "-p", &port, "-sd"])
+                .arg(&self.store)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
         );
-    };
-    let tmp = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let store = tmp.path().join("nats");
-    let spawn = || {
-        let child = std::process::Command::new(&bin)
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(&store)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
         for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        child
-    };
-    let mut server = spawn();
-    let url_ = format!("nats://127.0.0.1:{port}");
+    }
+
+    /// SIGKILLs the server.
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for OwnNats {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `/readyz`'s status and body once it is `want`, or after `tries` polls
+/// 100 ms apart.
+async fn readyz_until(
+    client: &reqwest::Client,
+    r: &autocdc::service::run::Running,
+    want: u16,
+    tries: usize,
+) -> (u16, String) {
+    let mut last = (0, String::new());
+    for _ in 0..tries {
+        let resp = client.get(url(r, "/readyz")).send().await.unwrap();
+        last = (resp.status().as_u16(), resp.text().await.unwrap());
+        if last.0 == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    last
+}
+
+#[test]
+fn a_nats_outage_makes_pushes_503_and_readyz_unready_then_the_flow_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut own = OwnNats::new(tmp.path());
     rt().block_on(async {
-        let mut n = nats(&url_, "OUT");
+        let mut n = nats(&own.url(), "OUT");
         n.publish_timeout = "1s".into();
         let cfg = on_nats(tmp.path(), "data", vec![flow_cfg("m", "1h")], n);
         let client = reqwest::Client::new();
@@ -416,22 +481,8 @@ fn a_nats_outage_makes_pushes_503_and_readyz_unready_then_the_flow_goes_on() {
         let changes = url(&r, "/v1/flows/m/changes");
         push(&client, &changes, &[u(1, "Oslo", 1)], Some("k1")).await;
 
-        server.kill().unwrap();
-        server.wait().unwrap();
-        let mut ready = 0;
-        for _ in 0..50 {
-            ready = client
-                .get(url(&r, "/readyz"))
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16();
-            if ready == 503 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        own.kill();
+        let (ready, _) = readyz_until(&client, &r, 503, 50).await;
         assert_eq!(ready, 503, "/readyz stayed ready without NATS");
         let (s, e) = post(
             &client,
@@ -444,7 +495,7 @@ fn a_nats_outage_makes_pushes_503_and_readyz_unready_then_the_flow_goes_on() {
         assert_eq!(s, 503, "{e}");
         assert_eq!(e["error"]["code"], "AUTOCDC_WAL.WRITE_FAILED", "{e}");
 
-        server = spawn();
+        own.start();
         let mut last = (0, serde_json::Value::Null);
         for _ in 0..100 {
             last = post(
@@ -461,21 +512,8 @@ fn a_nats_outage_makes_pushes_503_and_readyz_unready_then_the_flow_goes_on() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert_eq!(last.0, 202, "{}", last.1);
-        let mut ready = 0;
-        for _ in 0..50 {
-            ready = client
-                .get(url(&r, "/readyz"))
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16();
-            if ready == 200 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert_eq!(ready, 200);
+        let (ready, body) = readyz_until(&client, &r, 200, 50).await;
+        assert_eq!(ready, 200, "{body}");
         commit(&client, &r, "m").await;
         assert_eq!(
             table(tmp.path(), "m").await,
@@ -483,8 +521,84 @@ fn a_nats_outage_makes_pushes_503_and_readyz_unready_then_the_flow_goes_on() {
         );
         r.stop().await.unwrap();
     });
-    let _ = server.kill();
-    let _ = server.wait();
+}
+
+/// After a NATS outage /readyz is ready again by itself, with no push since
+/// (an instance a load balancer took out for being unready is sent none).
+/// Two outages: in the first only the holder's commit rounds fail, and the
+/// flow stayed `degraded` with the outage's error while it had nothing to
+/// commit; in the second a push fails too, and the log stayed `failing`
+/// until a publish went through (the push, buffered by the client, is
+/// stored once the server is back, so the flow has something to commit).
+/// integration/cluster.sh's instances restarted while a NATS node died
+/// then never became ready.
+#[test]
+fn after_a_nats_outage_readyz_is_ready_again_without_a_push() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut own = OwnNats::new(tmp.path());
+    rt().block_on(async {
+        let mut n = nats(&own.url(), "REC");
+        n.publish_timeout = "1s".into();
+        // The lease outlives the outages: this instance stays the holder,
+        // and its commit rounds fail meanwhile.
+        n.lease_ttl = "60s".into();
+        let cfg = on_nats(tmp.path(), "data", vec![flow_cfg("m", "200ms")], n);
+        let client = reqwest::Client::new();
+        let r = start(cfg).await;
+        let changes = url(&r, "/v1/flows/m/changes");
+        push(&client, &changes, &[u(1, "Oslo", 1)], Some("k1")).await;
+        commit(&client, &r, "m").await;
+
+        for push_meanwhile in [false, true] {
+            own.kill();
+            if push_meanwhile {
+                let (s, e) = post(
+                    &client,
+                    &changes,
+                    "application/x-ndjson",
+                    ndjson(&[u(2, "Rome", 1)]),
+                    Some("k2"),
+                )
+                .await;
+                assert_eq!(s, 503, "{e}");
+            }
+            let mut degraded = false;
+            for _ in 0..100 {
+                if flow_status(&client, &r, "m").await["status"]["degraded"] == true {
+                    degraded = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(
+                degraded,
+                "the holder's commit rounds did not fail without NATS"
+            );
+
+            own.start();
+            let (ready, body) = readyz_until(&client, &r, 200, 200).await;
+            assert_eq!(
+                ready, 200,
+                "/readyz 20 s after NATS came back (a push failed meanwhile: {push_meanwhile}), no push since: {body}"
+            );
+            let st = &flow_status(&client, &r, "m").await["status"];
+            assert_eq!(st["degraded"], false, "{st}");
+            assert!(st["last_error"].is_null(), "{st}");
+            assert_eq!(st["wal"]["failing"], false, "{st}");
+        }
+
+        // The retry lands at offset 2 (the push the client buffered was
+        // stored when the server came back, or this one is); the flow goes on.
+        let a = push(&client, &changes, &[u(2, "Rome", 1)], Some("k2")).await;
+        assert_eq!(a["offset"], 2, "{a}");
+        push(&client, &changes, &[u(3, "Pisa", 1)], Some("k3")).await;
+        commit(&client, &r, "m").await;
+        assert_eq!(
+            table(tmp.path(), "m").await,
+            expected(&[u(1, "Oslo", 1), u(2, "Rome", 1), u(3, "Pisa", 1)])
+        );
+        r.stop().await.unwrap();
+    });
 }
 
 #[test]
