@@ -213,8 +213,15 @@ async fn open_tables(
     evolved: &mut Vec<String>,
 ) -> Result<(TableState, TableState)> {
     let state_ident = flow.state_ident();
+    // The target first: a commit writes the state table, then the target
+    // naming the new state snapshot, so a state table read after the
+    // target has every snapshot the target names, even while another
+    // instance commits the flow. Read the other way round, a commit
+    // between the two reads gave a target naming a state snapshot the
+    // state read did not have (STATE_SNAPSHOT_MISSING).
+    let target = catalog.load_table(&flow.target).await?;
     let mut state_tbl = catalog.load_table(&state_ident).await?;
-    let target = match catalog.load_table(&flow.target).await? {
+    let target = match target {
         Some(mut t) => {
             // Both checked before either changes; the state first, so a
             // crash between the two commits is finished by the next open.
