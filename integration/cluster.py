@@ -10,7 +10,8 @@ instance at random moments and restarts it with an empty data_dir (a lost
 machine), and three times (AUTOCDC_CLUSTER_NATS_KILLS) a NATS node is
 SIGKILLed and restarted while a restarted instance opens its flows.
 
-At the end, for every flow:
+At the end every instance is ready (/readyz 200) with nothing pushed since
+the last NATS node came back, and for every flow:
 - the acknowledged offsets are exactly 1..N for its N requests: every
   acknowledged batch is in the stream once, no retry stored twice;
 - its committed offset is N and its table (read by DuckDB) equals the SQL
@@ -48,13 +49,14 @@ PUT_FLOW = "orders_c"
 NAMESPACE = "cluster"
 
 
-def wait_until(what, ok, timeout):
+def wait_until(what, ok, timeout, seen=None):
+    """Polls `ok` for `timeout` s; the failure says what `seen()` answers."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if ok():
             return
         time.sleep(0.1)
-    raise Fail(f"{what}: not after {timeout} s")
+    raise Fail(f"{what}: not after {timeout} s" + (f"; {seen()}" if seen else ""))
 
 
 def http_ok(url):
@@ -63,6 +65,17 @@ def http_ok(url):
             return r.status == 200
     except (urllib.error.URLError, ConnectionError, OSError):
         return False
+
+
+def http_answer(url):
+    """What `url` answers, as one line: for a failure's message."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return f"{url} answered {r.status}"
+    except urllib.error.HTTPError as e:
+        return f"{url} answered {e.code} {e.read()[:600].decode(errors='replace')}"
+    except (urllib.error.URLError, ConnectionError, OSError) as e:
+        return f"{url}: {e}"
 
 
 class Node:
@@ -88,6 +101,9 @@ class Node:
 
     def healthy(self):
         return http_ok(f"http://127.0.0.1:{self.mport}/healthz")
+
+    def health(self):
+        return http_answer(f"http://127.0.0.1:{self.mport}/healthz")
 
     def kill(self):
         if self.proc and self.proc.poll() is None:
@@ -129,7 +145,7 @@ class Instance:
                 raise Fail(f"instance {self.k} exited with {self.proc.returncode} before ready: {tail}")
             return http_ok(f"{self.base}/readyz")
 
-        wait_until(f"instance {self.k} ready", ready, 120)
+        wait_until(f"instance {self.k} ready", ready, 120, lambda: http_answer(f"{self.base}/readyz"))
 
     def kill(self):
         if self.proc and self.proc.poll() is None:
@@ -229,7 +245,7 @@ def main():
             nats_killed.append(f"n{node.i}")
             time.sleep(4)
             node.start()
-            wait_until(f"NATS node n{node.i} healthy again", node.healthy, 60)
+            wait_until(f"NATS node n{node.i} healthy again", node.healthy, 60, node.health)
             opening.join()
             if opened != [None]:
                 raise Fail(f"instance {k}, started while NATS node n{node.i} died: {opened}")
@@ -300,7 +316,7 @@ def main():
         for node in nodes:
             node.start()
         for node in nodes:
-            wait_until(f"NATS node n{node.i} healthy", node.healthy, 60)
+            wait_until(f"NATS node n{node.i} healthy", node.healthy, 60, node.health)
         for inst in instances:
             inst.start()
         definition = tomllib.loads(flow_toml(gk_flow, PUT_FLOW))["flow"][0]
@@ -343,6 +359,13 @@ def main():
                 else:
                     raise Fail(f"POST /v1/flows/{flow}/commit on i{inst.k}: unanswered; {diagnose(flow)}")
         committed_in = time.monotonic() - started
+        # Every instance is ready again by itself, though nothing was pushed
+        # since the NATS nodes came back: a push or commit that failed
+        # during an election must not leave /readyz 503 (a load balancer
+        # would never send the instance the push that cleared it).
+        for inst in instances:
+            wait_until(f"instance {inst.k} ready after the run", lambda: http_ok(f"{inst.base}/readyz"), 30,
+                       lambda: http_answer(f"{inst.base}/readyz"))
         for inst in instances:
             inst.stop()
         stopped_in = time.monotonic() - started
@@ -397,5 +420,5 @@ if __name__ == "__main__":
     try:
         main()
     except Fail as e:
-        print(f"cluster: FAIL {e}", flush=True)
+        print(f"cluster: FAIL: {e}", flush=True)
         sys.exit(1)
