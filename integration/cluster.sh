@@ -22,9 +22,11 @@ bin="$CARGO_TARGET_DIR/debug/autocdc"
 work=$(mktemp -d)
 trap 'pkill -KILL -f -- "$work/" 2>/dev/null || true' EXIT
 "$bin" gen ghost-kitchen --orders 800 --files 4 --seed 7 --format ndjson --no-null-keys --out "$work/gk" > /dev/null
-if "$py" integration/cluster.py "$bin" "$AUTOCDC_TEST_NATS_SERVER" "$work" "$work/gk" "${AUTOCDC_CLUSTER_KILLS:-8}"; then
+# shellcheck source=integration/verdict.sh
+. integration/verdict.sh
+if scenario cluster "$work" "configs and logs kept" \
+    "$py" integration/cluster.py "$bin" "$AUTOCDC_TEST_NATS_SERVER" "$work" "$work/gk" "${AUTOCDC_CLUSTER_KILLS:-8}"; then
   rm -rf "$work"
 else
-  echo "cluster: failed; configs and logs kept in $work" >&2
   exit 1
 fi

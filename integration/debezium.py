@@ -601,7 +601,7 @@ def main():
         if problems:
             for p in problems:
                 log(f"DIFF {p}")
-            log(f"debezium: FAIL, {len(problems)} differences")
+            log(f"debezium: FAIL, {len(problems)} differences, the first: {problems[0].splitlines()[0]}")
         else:
             log("debezium: PASS, both Iceberg tables equal their source tables")
             ok = True

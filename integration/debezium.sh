@@ -20,10 +20,12 @@ name=debezium
 . integration/debezium_env.sh "${1:-}"
 
 work=$(mktemp -d)
+# shellcheck source=integration/verdict.sh
+. integration/verdict.sh
 # shellcheck disable=SC2086 # AUTOCDC_DBZ_ARGS is split on purpose
-if "$py" integration/debezium.py "$bin" "$work" ${AUTOCDC_DBZ_ARGS:-}; then
+if scenario debezium "$work" "config, server log, Debezium log and offsets kept" \
+    "$py" integration/debezium.py "$bin" "$work" ${AUTOCDC_DBZ_ARGS:-}; then
   rm -rf "$work"
 else
-  echo "debezium: failed; config, server log, Debezium log and offsets kept in $work" >&2
   exit 1
 fi

@@ -752,6 +752,7 @@ def main():
     started = time.time()
     private = None
     results = {}
+    stopped = None  # what stopped the run before its scenarios ended
     try:
         if args.pg:
             host, port = args.pg.rsplit(":", 1)
@@ -778,6 +779,7 @@ def main():
             ok, detail = results[n]
             log(f"scenario {n}: {'PASS' if ok else 'FAIL'} ({time.time() - t0:.0f} s): {detail}")
     except Fail as e:
+        stopped = str(e)
         log(f"debezium_kill: FAIL: {e}")
     finally:
         ok = bool(results) and len(results) == len(wanted) and all(r[0] for r in results.values())
@@ -788,7 +790,12 @@ def main():
     for n in wanted:
         if n in results:
             log(f"  {'PASS' if results[n][0] else 'FAIL'} scenario {n}: {SCENARIOS[n][0]}: {results[n][1]}")
-    log(f"debezium_kill: {'PASS' if ok else 'FAIL'} in {time.time() - started:.0f} s")
+    why = "; ".join([f"scenario {n}: {results[n][1]}" for n in wanted if n in results and not results[n][0]]
+                    + ([stopped] if stopped else []))
+    if not ok and not why:
+        why = f"{len(results)} of {len(wanted)} scenarios ran"
+    took = f"{time.time() - started:.0f} s"
+    log(f"debezium_kill: PASS in {took}" if ok else f"debezium_kill: FAIL: {why} ({took})")
     sys.exit(0 if ok else 1)
 
 

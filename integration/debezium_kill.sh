@@ -21,10 +21,12 @@ name=debezium_kill
 . integration/debezium_env.sh "${1:-}"
 
 work=$(mktemp -d)
+# shellcheck source=integration/verdict.sh
+. integration/verdict.sh
 # shellcheck disable=SC2086 # AUTOCDC_DBZ_KILL_ARGS is split on purpose
-if "$py" integration/debezium_kill.py "$bin" "$work" ${AUTOCDC_DBZ_KILL_ARGS:-}; then
+if scenario debezium_kill "$work" "per scenario (s1, s2, s3) the config, server log, Debezium logs, progress files and offsets kept" \
+    "$py" integration/debezium_kill.py "$bin" "$work" ${AUTOCDC_DBZ_KILL_ARGS:-}; then
   rm -rf "$work"
 else
-  echo "debezium_kill: failed; per scenario (s1, s2, s3) the config, server log, Debezium logs, progress files and offsets are kept in $work" >&2
   exit 1
 fi

@@ -643,7 +643,8 @@ def main():
         if problems:
             for p in problems:
                 log(f"DIFF {p}")
-            log(f"debezium_mysql: FAIL, {len(problems)} differences ({time.time() - started:.0f} s)")
+            log(f"debezium_mysql: FAIL, {len(problems)} differences ({time.time() - started:.0f} s), "
+                f"the first: {problems[0].splitlines()[0]}")
         else:
             log(f"debezium_mysql: PASS, both Iceberg tables equal their MariaDB tables ({time.time() - started:.0f} s)")
             ok = True

@@ -22,10 +22,12 @@ name=debezium_mysql
 . integration/debezium_env.sh "${1:-}"
 
 work=$(mktemp -d)
+# shellcheck source=integration/verdict.sh
+. integration/verdict.sh
 # shellcheck disable=SC2086 # AUTOCDC_DBZ_MYSQL_ARGS is split on purpose
-if "$py" integration/debezium_mysql.py "$bin" "$work" ${AUTOCDC_DBZ_MYSQL_ARGS:-}; then
+if scenario debezium_mysql "$work" "config, server log, MariaDB log, Debezium log, events.ndjson and offsets kept" \
+    "$py" integration/debezium_mysql.py "$bin" "$work" ${AUTOCDC_DBZ_MYSQL_ARGS:-}; then
   rm -rf "$work"
 else
-  echo "debezium_mysql: failed; config, server log, MariaDB log, Debezium log, events.ndjson and offsets kept in $work" >&2
   exit 1
 fi

@@ -315,7 +315,9 @@ def main():
             log(f"debezium_smt[{name}]: " + (f"FAIL, {len(problems)} problems" if problems else
                                               "PASS, both Iceberg tables equal their source tables"))
         ok = all(not p for p in verdicts.values()) and len(verdicts) == len(modes)
-        log(f"debezium_smt: {'PASS' if ok else 'FAIL'} ({time.time() - started:.0f} s)")
+        firsts = "; ".join(f"{name}: {p[0].splitlines()[0]}" for name, p in verdicts.items() if p)
+        took = f"{time.time() - started:.0f} s"
+        log(f"debezium_smt: PASS ({took})" if ok else f"debezium_smt: FAIL: {firsts or 'a mode did not finish'} ({took})")
     except Fail as e:
         log(f"debezium_smt: FAIL: {e}")
     except Exception as e:  # noqa: BLE001

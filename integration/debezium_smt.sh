@@ -25,10 +25,12 @@ name=debezium_smt
 . integration/debezium_env.sh "${1:-}"
 
 work=$(mktemp -d)
+# shellcheck source=integration/verdict.sh
+. integration/verdict.sh
 # shellcheck disable=SC2086 # AUTOCDC_DBZ_SMT_ARGS is split on purpose
-if "$py" integration/debezium_smt.py "$bin" "$work" ${AUTOCDC_DBZ_SMT_ARGS:-}; then
+if scenario debezium_smt "$work" "per mode (schemas/, bare/): config, server log, events.ndjson and offsets kept" \
+    "$py" integration/debezium_smt.py "$bin" "$work" ${AUTOCDC_DBZ_SMT_ARGS:-}; then
   rm -rf "$work"
 else
-  echo "debezium_smt: failed; per mode (schemas/, bare/): config, server log, events.ndjson and offsets kept in $work" >&2
   exit 1
 fi

@@ -100,8 +100,14 @@ def interval_violations(con, metadata, keys):
 def main():
     out = sys.argv[1]
     con = duck()
-    failures = 0
+    failed = []  # the FAIL lines: the first names the reason of a failed run
     interval_checks = 0
+
+    def report(ok, line):
+        print(f"{'ok  ' if ok else 'FAIL'} {line}")
+        if not ok:
+            failed.append(line)
+
     cases = sorted(glob.glob(os.path.join(out, "expected", "*.json")))
     if not cases:
         sys.exit(f"no expected tables under {out}/expected")
@@ -135,17 +141,15 @@ def main():
         for reader, got in results:
             expected = want_py if case.get("json") and reader == "pyiceberg" else want
             ok = got == expected
-            failures += not ok
-            print(f"{'ok  ' if ok else 'FAIL'} {reader:9} {case['name']} ({len(got)} rows)")
+            report(ok, f"{reader:9} {case['name']} ({len(got)} rows)")
             if not ok:
                 print(f"     want {expected[:10]}\n     got  {got[:10]}")
         if "__END_AT" in case["columns"]:
             empty, open_, overlaps = interval_violations(con, case["metadata"], case["keys"])
             ok = (empty, open_, overlaps) == (0, 0, 0)
-            failures += not ok
             interval_checks += 1
-            print(f"{'ok  ' if ok else 'FAIL'} {'duckdb':9} {case['name']} intervals: "
-                  f"{empty} empty, {open_} keys with several open versions, {overlaps} overlaps")
+            report(ok, f"{'duckdb':9} {case['name']} intervals: "
+                       f"{empty} empty, {open_} keys with several open versions, {overlaps} overlaps")
     gk_checks = 0
     for metadata in sys.argv[3:]:
         inp = sys.argv[2]
@@ -163,12 +167,13 @@ def main():
             ("pyiceberg", rows_pyiceberg(metadata, cols)),
         ):
             ok = got == want
-            failures += not ok
             gk_checks += 1
             table = metadata.split("/metadata/")[0].rsplit("/", 1)[-1]
-            print(f"{'ok  ' if ok else 'FAIL'} {reader:9} ghost kitchen {table} vs SQL oracle ({len(got)} rows, oracle {len(want)})")
-    if failures:
-        sys.exit(f"{failures} reader checks failed")
+            report(ok, f"{reader:9} ghost kitchen {table} vs SQL oracle ({len(got)} rows, oracle {len(want)})")
+    if failed:
+        # The last line: why.
+        first = " ".join(failed[0].split())
+        sys.exit(f"readers: FAIL: {len(failed)} reader checks failed, the first: {first}")
     print(f"readers: {len(cases) * 2 + interval_checks + gk_checks} passed, 0 failed")
 
 

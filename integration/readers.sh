@@ -17,8 +17,13 @@ py=${AUTOCDC_PY:-$HOME/.cache/autocdc-venv/bin/python}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
-AUTOCDC_E2E_OUT="$out" cargo nextest run --no-fail-fast --test it \
-  -E 'test(battery_through_the_hadoop_catalog) | test(people_through_the_hadoop_catalog) | test(nested_columns_through_the_hadoop_catalog) | test(fixed_cases_for_the_readers)'
+# On failure the last line says which test (nextest ends with "error: test run failed").
+if ! AUTOCDC_E2E_OUT="$out" cargo nextest run --no-fail-fast --test it \
+  -E 'test(battery_through_the_hadoop_catalog) | test(people_through_the_hadoop_catalog) | test(nested_columns_through_the_hadoop_catalog) | test(fixed_cases_for_the_readers)' \
+  2>&1 | tee "$out/nextest.out"; then
+  echo "readers: FAIL: writing the tables: $(grep -a -E '^ *(FAIL|SIGSEGV|SIGABRT|TIMEOUT) ' "$out/nextest.out" | tail -n 1 | sed -E 's/^ +//')" >&2
+  exit 1
+fi
 
 cargo build --quiet --bin autocdc
 bin="$CARGO_TARGET_DIR/debug/autocdc"

@@ -622,9 +622,12 @@ def main():
         gk_lines.extend(l for l in open(path).read().splitlines() if l.strip())
     oracle = gk_oracle(gk)
     counts = {"PASS": 0, "FAIL": 0}
+    failed = []
 
     def line(combo, check, verdict, detail):
         counts[verdict] += 1
+        if verdict == "FAIL":
+            failed.append(f"{combo} {check}: {detail}")
         print(f"{verdict:7} {combo:12} {check:24} {detail}", flush=True)
 
     for combo in combos:
@@ -638,7 +641,10 @@ def main():
             line(combo, "run", "FAIL", f"{type(e).__name__}: {e} (logs in {os.path.join(root, combo)})")
             traceback.print_exc(file=sys.stderr)
         print(f"        {combo:12} took {time.monotonic() - started:.0f} s", flush=True)
-    print(f"suite: {counts['PASS']} passed, {counts['FAIL']} failed")
+    print(f"suite: {counts['PASS']} passed, {counts['FAIL']} failed", flush=True)
+    if failed:
+        # The last line: why (the first failed check; the others are above).
+        print(f"suite: FAIL: {failed[0]}" + (f" (and {len(failed) - 1} more above)" if len(failed) > 1 else ""), flush=True)
     sys.exit(1 if counts["FAIL"] else 0)
 
 

@@ -49,9 +49,10 @@ work=$(mktemp -d)
 # suite.py stops its own servers; this is for a suite.py that was killed.
 trap 'pkill -KILL -f -- "--config $work/" 2>/dev/null || true' EXIT
 "$bin" gen ghost-kitchen --orders 1500 --files 6 --seed 3 --format ndjson --no-null-keys --out "$work/gk" > /dev/null
-if "$py" integration/suite.py "$bin" "$work" "$work/gk" "${combos[@]}"; then
+# shellcheck source=integration/verdict.sh
+. integration/verdict.sh
+if scenario suite "$work" "configs and server logs kept" "$py" integration/suite.py "$bin" "$work" "$work/gk" "${combos[@]}"; then
   rm -rf "$work"
 else
-  echo "suite: failed; configs and server logs kept in $work" >&2
   exit 1
 fi

@@ -133,15 +133,18 @@ def main():
         lines.extend(l for l in open(path).read().splitlines() if l.strip())
     random.Random(3).shuffle(lines)
     oracle = gk_oracle(gk)
-    failed = 0
+    failed = []
     for combo in combos:
         started = time.monotonic()
         try:
             run(combo, binary, root, gk, lines, oracle, kills)
         except Fail as e:
-            failed += 1
+            failed.append(f"{combo}: {e}")
             print(f"two-instances: FAIL {e} (logs in {os.path.join(root, combo)})", flush=True)
         print(f"two-instances: {combo} took {time.monotonic() - started:.0f} s", flush=True)
+    if failed:
+        # The last line: why.
+        print(f"two-instances: FAIL: {'; '.join(failed)}", flush=True)
     sys.exit(1 if failed else 0)
 
 

@@ -23,9 +23,11 @@ bin="$CARGO_TARGET_DIR/debug/autocdc"
 work=$(mktemp -d)
 trap 'pkill -KILL -f -- "$work/" 2>/dev/null || true' EXIT
 "$bin" gen ghost-kitchen --orders 800 --files 4 --seed 5 --format ndjson --no-null-keys --out "$work/gk" > /dev/null
-if "$py" integration/two_instances.py "$bin" "$work" "$work/gk" "${AUTOCDC_TWO_KILLS:-12}" "${combos[@]}"; then
+# shellcheck source=integration/verdict.sh
+. integration/verdict.sh
+if scenario two-instances "$work" "configs and server logs kept" \
+    "$py" integration/two_instances.py "$bin" "$work" "$work/gk" "${AUTOCDC_TWO_KILLS:-12}" "${combos[@]}"; then
   rm -rf "$work"
 else
-  echo "two-instances: failed; configs and server logs kept in $work" >&2
   exit 1
 fi
