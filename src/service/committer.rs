@@ -71,8 +71,18 @@ pub(super) async fn committer(
                 held = now;
             }
             if held.is_none() {
-                // The holder's state lives there: none here (memory).
+                // The holder's state lives there: none here (memory), and
+                // nothing pending. A push queues its batch while the lease
+                // is held here; a lease taken and lost again while this
+                // loop was busy (a `follow` waiting out a NATS election)
+                // is a change it never saw, and left that batch pending
+                // for good: /commit here then waited for an offset past
+                // the stream's end.
                 engine = None;
+                if rt.lock().status.pending_batches > 0 {
+                    tracing::info!(flow = %rt.flow.name, "pending_dropped_not_holding");
+                    rt.forget_pending();
+                }
                 rt.refuse_maintenance();
                 // Commits failing while this instance held the flow are
                 // not this instance's to report once it does not.
