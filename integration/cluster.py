@@ -30,6 +30,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -40,7 +41,7 @@ import urllib.request
 import uuid
 
 sys.path.insert(0, os.path.dirname(__file__))
-from suite import GK_COLUMNS, Fail, HadoopCatalog, duck, free_port, gk_oracle, rows_duckdb, toml_str  # noqa: E402
+from suite import GK_COLUMNS, Fail, HadoopCatalog, duck, gk_oracle, rows_duckdb, toml_str  # noqa: E402
 
 REQUEST_EVENTS = 150
 INSTANCES = 3
@@ -57,6 +58,22 @@ def wait_until(what, ok, timeout, seen=None):
             return
         time.sleep(0.1)
     raise Fail(f"{what}: not after {timeout} s" + (f"; {seen()}" if seen else ""))
+
+
+def free_ports(n):
+    """`n` distinct free ports. Each socket stays bound until all are
+    picked: one at a time, the kernel gave a port twice (a NATS node's
+    monitor and an instance's HTTP port, and the instance could not start)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def http_ok(url):
@@ -123,9 +140,9 @@ def catching(f):
 class Instance:
     """One `autocdc serve`; restarted with an empty data_dir after a kill."""
 
-    def __init__(self, binary, work, k, body):
+    def __init__(self, binary, work, k, body, port):
         self.binary, self.k = binary, k
-        self.port = free_port()
+        self.port = port
         self.base = f"http://127.0.0.1:{self.port}"
         self.data = os.path.join(work, f"data{k}")
         self.config = os.path.join(work, f"i{k}.toml")
@@ -203,7 +220,8 @@ def main():
     oracle = gk_oracle(gk)
     gk_flow = open(os.path.join(gk, "flow.toml")).read()
 
-    ports, cports, mports = ([free_port() for _ in range(3)] for _ in range(3))
+    picked = free_ports(9 + INSTANCES)
+    ports, cports, mports, iports = picked[0:3], picked[3:6], picked[6:9], picked[9:]
     nodes = [Node(nats_server, work, i, ports, cports, mports) for i in range(3)]
     urls = ",".join(f"nats://127.0.0.1:{p}" for p in ports)
     warehouse = os.path.join(work, "warehouse")
@@ -213,7 +231,7 @@ def main():
         f'replicas = 3\nlease_ttl = "3s"\npublish_timeout = "5s"\n\n'
         f"{catalog.config_toml()}\n" + "".join(flow_toml(gk_flow, f) for f in CONFIG_FLOWS)
     )
-    instances = [Instance(binary, work, k, body) for k in range(INSTANCES)]
+    instances = [Instance(binary, work, k, body, iports[k]) for k in range(INSTANCES)]
     # The instance name is the config's `instance`, set per process below.
     for k, inst in enumerate(instances):
         text = open(inst.config).read().replace("[ingest]\n", f'[ingest]\ninstance = "i{k}"\n')
