@@ -69,7 +69,33 @@ impl NatsLogs {
             .map_err(|e| Error::Config(format!("ingest.url = {}: {e}", cfg.url)))?;
         let mut js = jetstream::new(client.clone());
         js.set_timeout(publish_timeout);
-        js.query_account().await.map_err(|e| {
+        // A server without JetStream says so at once (no responders). A
+        // cluster electing its meta leader (a server just lost) lets the
+        // request time out, or answers "temporarily unavailable", for
+        // seconds: that is waited for, as for the streams, not a reason to
+        // exit (an instance starting while a NATS node died did).
+        let asking = &js;
+        retrying("JetStream", || async move {
+            use jetstream::context::AccountErrorKind;
+            match asking.query_account().await {
+                Ok(_) => Ok(()),
+                Err(e) => match e.kind() {
+                    AccountErrorKind::TimedOut => Err(Error::Unavailable(e.to_string())),
+                    AccountErrorKind::JetStream(j)
+                        if j.error_code() == jetstream::ErrorCode::CLUSTER_NOT_AVAILABLE =>
+                    {
+                        Err(Error::Unavailable(e.to_string()))
+                    }
+                    _ => Err(Error::Config(e.to_string())),
+                },
+            }
+        })
+        .await
+        .map_err(|e| {
+            let e = match e {
+                Error::Unavailable(m) | Error::Config(m) => m,
+                e => e.to_string(),
+            };
             Error::Config(format!(
                 "ingest.url = {}: JetStream does not answer ({e}); start nats-server with -js",
                 cfg.url

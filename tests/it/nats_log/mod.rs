@@ -383,12 +383,23 @@ struct OwnNats {
     bin: String,
     port: u16,
     store: std::path::PathBuf,
+    /// Started with `-js`.
+    jetstream: bool,
     child: Option<std::process::Child>,
 }
 
 impl OwnNats {
-    /// Started.
+    /// Started, with JetStream.
     fn new(dir: &std::path::Path) -> OwnNats {
+        OwnNats::started(dir, true)
+    }
+
+    /// Started, without JetStream: core NATS only.
+    fn without_jetstream(dir: &std::path::Path) -> OwnNats {
+        OwnNats::started(dir, false)
+    }
+
+    fn started(dir: &std::path::Path, jetstream: bool) -> OwnNats {
         let Ok(bin) = std::env::var("AUTOCDC_TEST_NATS_SERVER") else {
             panic!(
                 "AUTOCDC_TEST_NATS_SERVER is not set: run `eval \"$(bash integration/backends.sh up)\"` first"
@@ -403,6 +414,7 @@ impl OwnNats {
             bin,
             port,
             store: dir.join("nats"),
+            jetstream,
             child: None,
         };
         own.start();
@@ -416,15 +428,16 @@ impl OwnNats {
     /// Starts the server; returns once it takes connections.
     fn start(&mut self) {
         let port = self.port.to_string();
-        self.child = Some(
-            std::process::Command::new(&self.bin)
-                .args(["-js", "-a", "127.0.0.1", "-p", &port, "-sd"])
-                .arg(&self.store)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
+        let mut server = std::process::Command::new(&self.bin);
+        if self.jetstream {
+            server.arg("-js");
+        }
+        server
+            .args(["-a", "127.0.0.1", "-p", &port, "-sd"])
+            .arg(&self.store)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        self.child = Some(server.spawn().unwrap());
         for _ in 0..100 {
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 break;
@@ -598,6 +611,60 @@ fn after_a_nats_outage_readyz_is_ready_again_without_a_push() {
             expected(&[u(1, "Oslo", 1), u(2, "Rome", 1), u(3, "Pisa", 1)])
         );
         r.stop().await.unwrap();
+    });
+}
+
+/// JetStream that does not answer for a while (a cluster electing its meta
+/// leader after a server was lost) is waited for at start, as the streams
+/// are; a server without JetStream is a config error at once. An instance
+/// of integration/cluster.sh started while a NATS node died exited with
+/// "JetStream does not answer (timed out)" after one publish_timeout. Here
+/// the test answers JetStream's account info on a server without
+/// JetStream (with a real server's answer), once 2 s have passed.
+#[test]
+fn a_jetstream_electing_its_leader_is_waited_for_at_start() {
+    use futures::StreamExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let own = OwnNats::without_jetstream(tmp.path());
+    rt().block_on(async {
+        let real = async_nats::connect(nats_url()).await.unwrap();
+        let info = real
+            .request("$JS.API.INFO", "".into())
+            .await
+            .unwrap()
+            .payload;
+        let fake = async_nats::connect(own.url()).await.unwrap();
+        let mut requests = fake.subscribe("$JS.API.INFO").await.unwrap();
+        fake.flush().await.unwrap();
+        let started = std::time::Instant::now();
+        let answering = tokio::spawn(async move {
+            while let Some(m) = requests.next().await {
+                if let Some(reply) = m.reply
+                    && started.elapsed() >= Duration::from_secs(2)
+                {
+                    fake.publish(reply, info.clone()).await.unwrap();
+                }
+            }
+        });
+        let mut n = nats(&own.url(), "WAIT");
+        n.publish_timeout = "500ms".into();
+        let window = Duration::from_secs(60);
+        if let Err(e) = autocdc::service::nats_log::NatsLogs::connect(&n, window).await {
+            panic!("gave up on JetStream after {:?}: {e}", started.elapsed());
+        }
+        assert!(started.elapsed() >= Duration::from_secs(2));
+        answering.abort();
+        let _ = answering.await;
+
+        // Nothing answers: no responders, no JetStream.
+        let started = std::time::Instant::now();
+        let e = autocdc::service::nats_log::NatsLogs::connect(&n, window)
+            .await
+            .err()
+            .expect("connected without JetStream");
+        assert_eq!(e.code(), "AUTOCDC_CONFIG", "{e}");
+        assert!(e.to_string().contains("-js"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{e}");
     });
 }
 
